@@ -1,0 +1,47 @@
+# fp8lab: two commands do everything on a fresh machine.
+#   make book   -> virtual environment, requirements, fp8lab, the rendered book in _build/html
+#   make test   -> the CPU lane: unit tests, every notebook on the smoke preset, the strict book build
+# On a GPU box with Transformer Engine:
+#   make gpu-lane -> execute every chapter in place on the full preset and stamp it
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch is installed only when none is importable (an existing CUDA torch is kept as it is).
+# Where no local CPU wheel is available, add: TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+TORCH ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+PYTEST_WORKERS ?= 2
+
+.PHONY: book test unit notebooks book-strict gpu-lane check-stamps clean
+
+$(BIN)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)" $(TORCH_PIP_ARGS)
+	$(BIN)/python -m pip install -q -r requirements.txt -e ".[test]"
+	touch $@
+
+book: $(BIN)/.installed
+	$(BIN)/jupyter-book build . -W -n --keep-going
+	@echo "open _build/html/index.html"
+
+book-strict: $(BIN)/.installed
+	rm -rf _build
+	$(BIN)/jupyter-book build . -W -n --keep-going
+
+unit: $(BIN)/.installed
+	FP8LAB_PRESET=smoke $(BIN)/python -m pytest -q tests
+
+notebooks: $(BIN)/.installed
+	FP8LAB_PRESET=smoke $(BIN)/python -m pytest -q --nbmake -n $(PYTEST_WORKERS) $$($(BIN)/python -m fp8lab.lane list)
+
+test: $(BIN)/.installed book-strict
+	FP8LAB_PRESET=smoke $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --nbmake tests $$($(BIN)/python -m fp8lab.lane list)
+
+gpu-lane:
+	$(PYTHON) -m fp8lab.lane run $(NOTEBOOKS)
+
+check-stamps:
+	$(PYTHON) -m fp8lab.lane check
+
+clean:
+	rm -rf _build $(VENV)

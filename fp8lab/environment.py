@@ -1,0 +1,143 @@
+"""What this machine offers for FP8 training, and which sizes the notebooks use.
+
+Every chapter starts by calling :func:`banner`, so a reader (and the committed
+outputs) always show where a result came from: the GPU and how many, torch,
+Transformer Engine (TE) or the CPU reference, FP8 support and the size preset.
+
+FP8 tensor cores arrived with compute capability 8.9 (Ada) and 9.0 (Hopper);
+TE refuses FP8 below that, and so does :attr:`Environment.fp8_supported`.
+
+The preset picks problem sizes: ``smoke`` keeps a notebook under a minute on
+two CPU cores, ``full`` is meant for one H200-class GPU. ``FP8LAB_PRESET``
+overrides the default (``full`` with a CUDA GPU, ``smoke`` without).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+PRESETS = ("smoke", "full")
+PRESET_VARIABLE = "FP8LAB_PRESET"
+FP8_MIN_CAPABILITY = (8, 9)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A snapshot of the hardware and software the notebooks run on."""
+
+    torch_version: str
+    cuda_available: bool
+    gpu_name: str | None
+    gpu_count: int
+    compute_capability: tuple[int, int] | None
+    te_version: str | None
+    te_problem: str | None
+
+    @property
+    def fp8_supported(self) -> bool:
+        """True where the GPU has FP8 tensor cores (sm_89 and newer)."""
+        return self.compute_capability is not None and self.compute_capability >= FP8_MIN_CAPABILITY
+
+    @property
+    def uses_real_te(self) -> bool:
+        """True where Transformer Engine itself runs (a CUDA GPU and an importable TE)."""
+        return self.cuda_available and self.te_version is not None
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda" if self.cuda_available else "cpu")
+
+    def describe_gpu(self) -> str:
+        if not self.cuda_available:
+            return "none (CPU only)"
+        major, minor = self.compute_capability
+        return f"{self.gpu_count} x {self.gpu_name} (sm_{major}{minor})"
+
+
+def _import_te_version() -> tuple[str | None, str | None]:
+    try:
+        import transformer_engine  # noqa: F401
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as error:  # TE raises many kinds of errors when its library is missing
+        return None, f"{type(error).__name__}: {error}".splitlines()[0]
+    return transformer_engine.__version__, None
+
+
+@functools.lru_cache(maxsize=1)
+def detect() -> Environment:
+    """Look at the machine once; later calls return the same snapshot."""
+    cuda = torch.cuda.is_available()
+    te_version, te_problem = _import_te_version() if cuda else (None, "no CUDA GPU")
+    return Environment(
+        torch_version=torch.__version__,
+        cuda_available=cuda,
+        gpu_name=torch.cuda.get_device_name() if cuda else None,
+        gpu_count=torch.cuda.device_count() if cuda else 0,
+        compute_capability=torch.cuda.get_device_capability() if cuda else None,
+        te_version=te_version,
+        te_problem=te_problem,
+    )
+
+
+def preset() -> str:
+    """The size preset: ``FP8LAB_PRESET`` if set, else ``full`` on a CUDA GPU and ``smoke`` elsewhere."""
+    chosen = os.environ.get(PRESET_VARIABLE, "").strip().lower()
+    if not chosen:
+        return "full" if detect().cuda_available else "smoke"
+    if chosen not in PRESETS:
+        raise ValueError(f"{PRESET_VARIABLE}={chosen!r}: the preset must be one of {', '.join(PRESETS)}")
+    return chosen
+
+
+def by_preset(smoke: T, full: T) -> T:
+    """Pick a size for the current preset: ``by_preset(smoke=256, full=8192)``."""
+    return full if preset() == "full" else smoke
+
+
+def banner() -> str:
+    """One line that says where this notebook runs."""
+    env = detect()
+    from fp8lab import __version__
+
+    if env.uses_real_te:
+        te = f"Transformer Engine {env.te_version}"
+        fp8 = "yes" if env.fp8_supported else "no (needs sm_89+)"
+    else:
+        te = "Transformer Engine: CPU reference"
+        fp8 = "emulated on CPU" if not env.cuda_available else f"TE unavailable ({env.te_problem})"
+    return (
+        f"fp8lab {__version__} | GPU: {env.describe_gpu()} | torch {env.torch_version} | "
+        f"{te} | FP8: {fp8} | preset: {preset()}"
+    )
+
+
+def import_te() -> tuple[Any, Any]:
+    """Return ``(te, recipe)``: ``transformer_engine.pytorch`` and ``transformer_engine.common.recipe``.
+
+    Real TE wherever it can run (a CUDA GPU with TE installed); fp8lab's CPU
+    reference of the same API on a machine without a CUDA GPU. On a CUDA GPU
+    without TE this raises, rather than quietly timing the reference on a GPU.
+    """
+    env = detect()
+    if env.uses_real_te:
+        return (
+            importlib.import_module("transformer_engine.pytorch"),
+            importlib.import_module("transformer_engine.common.recipe"),
+        )
+    if env.cuda_available:
+        raise RuntimeError(
+            "This machine has a CUDA GPU but Transformer Engine does not import "
+            f"({env.te_problem}). Install it: pip install 'transformer-engine[pytorch]', "
+            "or use an NVIDIA PyTorch container."
+        )
+    from fp8lab import reference
+
+    return reference, reference.recipe

@@ -1,0 +1,268 @@
+"""Time a module or any callable the way the chapters compare things: warm-up, many runs, median.
+
+Modelled on Transformer Engine's tutorial helper (``docs/examples/quickstart_utils.py``,
+``speedometer``) but returning a :class:`Timing` with every per-iteration time, so a
+notebook can show the median *and* the spread, and derive tokens/s, TFLOP/s and MFU.
+
+How it measures:
+
+* on CUDA, a pair of ``torch.cuda.Event`` brackets each iteration; the host
+  synchronizes once after warm-up and once at the end, never in between, so
+  the GPU queue stays full as it would in training;
+* on CPU, ``time.perf_counter`` brackets each iteration (CPU work is synchronous).
+
+Modes: ``"forward"`` (under ``torch.no_grad`` unless ``grad=True``), ``"forward_backward"``
+(``out.backward(grad_output)`` with a fixed random ``grad_output``) and ``"step"``
+(forward, backward, ``optimizer.step()``). Gradients are set to ``None`` between
+iterations unless ``zero_grad=False`` (then they accumulate, as with gradient
+accumulation); the result records which.
+
+Known limits: one iteration is timed as a whole (no per-kernel breakdown; use the
+PyTorch profiler for that); the first ``warmup`` iterations are discarded, which
+must cover cuBLAS/cuDNN autotuning and TE's first-call set-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+MODES = ("forward", "forward_backward", "step")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-iteration times of one configuration, with summary statistics and derived rates."""
+
+    label: str
+    times_ms: tuple[float, ...]
+    device: str
+    mode: str = "callable"
+    warmup: int = 0
+    grads_zeroed: bool | None = None
+    tokens: int | None = None
+    flops: float | None = None
+    peak_tflops: float | None = None
+    peak_memory_bytes: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def iters(self) -> int:
+        return len(self.times_ms)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.times_ms)
+
+    @property
+    def mean_ms(self) -> float:
+        return statistics.fmean(self.times_ms)
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.times_ms)
+
+    @property
+    def max_ms(self) -> float:
+        return max(self.times_ms)
+
+    @property
+    def stdev_ms(self) -> float:
+        return statistics.stdev(self.times_ms) if self.iters > 1 else 0.0
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over the median: a robust relative spread (0.01 = 1%)."""
+        if self.iters < 4:
+            return (self.max_ms - self.min_ms) / self.median_ms
+        q1, _, q3 = statistics.quantiles(self.times_ms, n=4)
+        return (q3 - q1) / self.median_ms
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return None if self.tokens is None else self.tokens / (self.median_ms * 1e-3)
+
+    @property
+    def tflops(self) -> float | None:
+        return None if self.flops is None else self.flops / (self.median_ms * 1e-3) / 1e12
+
+    @property
+    def mfu(self) -> float | None:
+        """Achieved TFLOP/s over ``peak_tflops`` (model FLOPs utilisation when ``flops`` are model FLOPs)."""
+        if self.tflops is None or self.peak_tflops is None:
+            return None
+        return self.tflops / self.peak_tflops
+
+    def summary(self) -> dict[str, Any]:
+        """A flat dict, ready for a pandas row."""
+        row = {"label": self.label, "mode": self.mode, "median_ms": self.median_ms, "mean_ms": self.mean_ms,
+               "min_ms": self.min_ms, "max_ms": self.max_ms, "spread": self.spread, "iters": self.iters}
+        for name in ("tokens_per_s", "tflops", "mfu"):
+            value = getattr(self, name)
+            if value is not None:
+                row[name] = value
+        if self.peak_memory_bytes is not None:
+            row["peak_memory_MiB"] = self.peak_memory_bytes / 2**20
+        return row
+
+    def __str__(self) -> str:
+        text = f"{self.label}: {self.median_ms:.3f} ms median ({self.iters} runs, spread {self.spread:.1%})"
+        if self.tflops is not None:
+            text += f", {self.tflops:.1f} TFLOP/s"
+        if self.mfu is not None:
+            text += f", MFU {self.mfu:.1%}"
+        return text
+
+
+def _device_of(device: torch.device | str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _check_counts(warmup: int, iters: int) -> None:
+    if not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"iters={iters!r}: must be an integer >= 1")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r}: must be an integer >= 0")
+
+
+def time_callable(fn: Callable[[], Any], *, warmup: int = 10, iters: int = 50,
+                  device: torch.device | str | None = None, label: str = "callable",
+                  measure_memory: bool = False, **result_fields: Any) -> Timing:
+    """Time ``fn()`` ``iters`` times after ``warmup`` untimed calls.
+
+    ``result_fields`` go into the :class:`Timing` (``tokens``, ``flops``, ``peak_tflops``, ``mode`` ...).
+    """
+    _check_counts(warmup, iters)
+    device = _device_of(device)
+    cuda = device.type == "cuda"
+    try:
+        for _ in range(warmup):
+            fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+            if measure_memory:
+                torch.cuda.reset_peak_memory_stats(device)
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+            for start, end in zip(starts, ends):
+                start.record()
+                fn()
+                end.record()
+            torch.cuda.synchronize(device)
+            times = tuple(start.elapsed_time(end) for start, end in zip(starts, ends))
+            peak = torch.cuda.max_memory_allocated(device) if measure_memory else None
+        else:
+            times_list = []
+            for _ in range(iters):
+                begin = time.perf_counter()
+                fn()
+                times_list.append((time.perf_counter() - begin) * 1e3)
+            times, peak = tuple(times_list), None
+    except torch.cuda.OutOfMemoryError as error:
+        raise MemoryError(f"out of GPU memory while timing {label!r} on {device}: {error}".splitlines()[0]) from error
+    return Timing(label=label, times_ms=times, device=str(device), warmup=warmup,
+                  peak_memory_bytes=peak, **result_fields)
+
+
+def _tensors(inputs: Sequence[Any]) -> list[torch.Tensor]:
+    return [x for x in inputs if isinstance(x, torch.Tensor)]
+
+
+def _check_devices(module: Any, inputs: Sequence[Any], label: str) -> torch.device:
+    tensors = _tensors(inputs)
+    if not tensors:
+        raise ValueError(f"{label}: give at least one input tensor")
+    device = tensors[0].device
+    for tensor in tensors[1:]:
+        if tensor.device != device:
+            raise ValueError(f"{label}: inputs are on different devices ({tensor.device} and {device})")
+    if isinstance(module, torch.nn.Module):
+        for name, param in module.named_parameters():
+            if param.device != device:
+                raise ValueError(f"{label}: parameter {name!r} is on {param.device} but the input is on "
+                                 f"{device}; move the module or the input (module.to(device))")
+    return device
+
+
+def _first_tensor(output: Any) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise TypeError(f"the forward returned {type(output).__name__}; backward timing needs a tensor (or a tuple "
+                    "whose first item is one)")
+
+
+def speedometer(module: Callable[..., Any], *inputs: Any, mode: str = "forward_backward",
+                forward_kwargs: Mapping[str, Any] | None = None,
+                autocast_kwargs: Mapping[str, Any] | None = None,
+                context: Callable[[], contextlib.AbstractContextManager] | None = None,
+                optimizer: torch.optim.Optimizer | None = None, grad_output: torch.Tensor | None = None,
+                zero_grad: bool = True, warmup: int = 10, iters: int = 50, label: str | None = None,
+                tokens: int | None = None, flops: float | None = None, peak_tflops: float | None = None,
+                measure_memory: bool = False) -> Timing:
+    """Time ``module(*inputs, **forward_kwargs)`` in one of :data:`MODES`.
+
+    ``autocast_kwargs`` are passed to ``te.autocast(**autocast_kwargs)`` around the
+    forward (``te`` from :func:`fp8lab.import_te`: real TE on a GPU, the CPU
+    reference elsewhere), like ``fp8_autocast_kwargs`` in TE's tutorial helper;
+    ``context`` is any other zero-argument factory of a context manager.
+    ``flops`` is the work of one iteration (match it to the mode), ``tokens`` the
+    tokens it processes, ``peak_tflops`` the peak MFU is measured against.
+    """
+    label = label or getattr(module, "__class__", type(module)).__name__
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: must be one of {', '.join(MODES)}")
+    if mode == "step" and optimizer is None:
+        raise ValueError("mode='step' needs an optimizer")
+    if autocast_kwargs is not None and context is not None:
+        raise ValueError("give autocast_kwargs or context, not both")
+    _check_counts(warmup, iters)
+    device = _check_devices(module, inputs, label)
+    forward_kwargs = dict(forward_kwargs or {})
+    if autocast_kwargs is not None:
+        from fp8lab.environment import import_te
+
+        te, _ = import_te()
+        kwargs = dict(autocast_kwargs)
+        context = lambda: te.autocast(**kwargs)  # noqa: E731
+    context = context or contextlib.nullcontext
+    parameters = [p for p in getattr(module, "parameters", lambda: [])() if p.requires_grad]
+
+    def forward():
+        with context():
+            return module(*inputs, **forward_kwargs)
+
+    if mode == "forward":
+        def iteration():
+            with torch.no_grad():
+                forward()
+    else:
+        if grad_output is None:
+            sample = _first_tensor(forward())
+            grad_output = torch.randn_like(sample) if sample.dim() else torch.ones_like(sample)
+            for param in parameters:
+                param.grad = None
+
+        def iteration():
+            _first_tensor(forward()).backward(grad_output)
+            if optimizer is not None:
+                optimizer.step()
+            if zero_grad:
+                if optimizer is not None:
+                    optimizer.zero_grad(set_to_none=True)
+                for param in parameters:
+                    param.grad = None
+    shapes = ", ".join(str(tuple(t.shape)) for t in _tensors(inputs))
+    return time_callable(iteration, warmup=warmup, iters=iters, device=device,
+                         label=label, measure_memory=measure_memory, mode=mode,
+                         grads_zeroed=zero_grad if mode != "forward" else None,
+                         tokens=tokens, flops=flops, peak_tflops=peak_tflops,
+                         extra={"input_shapes": shapes})

@@ -1,0 +1,36 @@
+"""The book helpers: glue without MyST-NB writes what MyST-NB's glue writes."""
+
+import sys
+
+import pytest
+
+from fp8lab import book
+
+
+def _captured_glue(monkeypatch, hide_myst: bool):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *a, **k: shown.append((a, k)))
+    if hide_myst:
+        monkeypatch.setitem(sys.modules, "myst_nb", None)
+    book.glue("answer", 42, display=False)
+    return shown
+
+
+def test_fallback_glue_matches_myst_nb(monkeypatch):
+    pytest.importorskip("myst_nb")
+    import myst_nb.ext.glue as myst_glue
+
+    shown_myst = []
+    monkeypatch.setattr(myst_glue, "ipy_display", lambda *a, **k: shown_myst.append((a, k)))
+    book.glue("answer", 42, display=False)
+    fallback = _captured_glue(monkeypatch, hide_myst=True)
+    assert fallback == shown_myst
+    (bundle,), kwargs = fallback[0]
+    assert bundle == {"application/papermill.record/text/plain": "42"}
+    assert kwargs["metadata"]["scrapbook"] == {"name": "answer", "mime_prefix": book.GLUE_PREFIX}
+
+
+def test_number_formats():
+    assert book.fmt(1234.5) == "1,234" or book.fmt(1234.5) == "1,235"
+    assert book.fmt(4.2891, 2) == "4.29"
+    assert book.pct(0.794) == "79%"

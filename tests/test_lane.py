@@ -1,0 +1,78 @@
+"""The GPU-lane stamp: every chapter's committed outputs came from a GPU with TE and from its current code."""
+
+import json
+import shutil
+
+import pytest
+
+from fp8lab import lane
+
+CHAPTERS = lane.toc_notebooks()
+FAKE_MACHINE = {"gpu_name": "NVIDIA H200", "gpu_count": 1, "compute_capability": "9.0", "torch": "2.11.0",
+                "cuda": "13.0", "transformer_engine": "2.20.2"}
+
+
+def test_the_toc_lists_chapters():
+    assert CHAPTERS and CHAPTERS[0].name == "00_your_gpu.ipynb"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_committed_outputs_come_from_the_gpu_lane(path):
+    assert lane.problems(path) == []
+
+
+def _copy_of_chapter(tmp_path):
+    target = tmp_path / "chapter.ipynb"
+    shutil.copy(CHAPTERS[0], target)
+    return target
+
+
+def test_changing_a_code_cell_breaks_the_stamp(tmp_path):
+    path = _copy_of_chapter(tmp_path)
+    lane.stamp(path, machine=FAKE_MACHINE)
+    notebook = lane.read(path)
+    for cell in notebook["cells"]:  # the copy may be unexecuted; give it execution counts
+        if cell["cell_type"] == "code":
+            cell["execution_count"] = cell.get("execution_count") or 1
+    path.write_text(json.dumps(notebook))
+    assert lane.problems(path) == []
+    code_cell = next(cell for cell in notebook["cells"] if cell["cell_type"] == "code")
+    code_cell["source"] = "".join(code_cell["source"]) + "\nprint('changed')"
+    path.write_text(json.dumps(notebook))
+    assert any("code cells changed" in problem for problem in lane.problems(path))
+
+
+def test_markdown_edits_and_trailing_space_keep_the_stamp(tmp_path):
+    path = _copy_of_chapter(tmp_path)
+    notebook = lane.read(path)
+    before = lane.code_hash(notebook)
+    next(c for c in notebook["cells"] if c["cell_type"] == "markdown")["source"] += "\nMore prose."
+    next(c for c in notebook["cells"] if c["cell_type"] == "code")["source"] += "\n   \n"
+    assert lane.code_hash(notebook) == before
+
+
+def test_missing_stamp_error_output_and_cpu_stamp_are_reported(tmp_path):
+    path = _copy_of_chapter(tmp_path)
+    notebook = lane.read(path)
+    notebook["metadata"].pop(lane.STAMP_KEY, None)
+    path.write_text(json.dumps(notebook))
+    assert "no GPU stamp" in lane.problems(path)[0]
+
+    lane.stamp(path, machine=dict(FAKE_MACHINE, transformer_engine=None))
+    assert any("does not name a CUDA GPU" in p for p in lane.problems(path))
+
+    lane.stamp(path, machine=FAKE_MACHINE)
+    notebook = lane.read(path)
+    cell = next(c for c in notebook["cells"] if c["cell_type"] == "code")
+    cell["outputs"] = [{"output_type": "error", "ename": "RuntimeError", "evalue": "boom", "traceback": []}]
+    path.write_text(json.dumps(notebook))
+    assert any("error output" in p for p in lane.problems(path))
+
+
+def test_stamping_refuses_without_a_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        lane.where_it_runs()
