@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -64,8 +65,10 @@ class Environment:
 
 def _import_te_version() -> tuple[str | None, str | None]:
     try:
-        import transformer_engine  # noqa: F401
-        import transformer_engine.pytorch  # noqa: F401
+        with warnings.catch_warnings():  # TE warns about a JAX install it will not use
+            warnings.filterwarnings("ignore", message="Detected a Jax installation", category=RuntimeWarning)
+            import transformer_engine  # noqa: F401
+            import transformer_engine.pytorch  # noqa: F401
     except Exception as error:  # TE raises many kinds of errors when its library is missing
         return None, f"{type(error).__name__}: {error}".splitlines()[0]
     return transformer_engine.__version__, None

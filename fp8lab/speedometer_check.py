@@ -1,0 +1,68 @@
+"""Check the speedometer on a GPU: repeat-to-repeat spread and overhead against a bare event loop.
+
+``python -m fp8lab.speedometer_check`` times the forward+backward of a
+``te.TransformerLayer`` (H=4096, F=16384, A=32, S=2048, B=4: a step of well over
+5 ms) in BF16 and FP8, alternating the speedometer with a bare loop that
+brackets the same number of the same steps with one pair of CUDA events.
+
+Spread: (max - min) / median of the speedometer's medians over the rounds.
+Overhead: the speedometer's mean per iteration over the bare loop's, minus one,
+median over rounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+
+def main(rounds: int = 5, iters: int = 50) -> int:
+    import torch
+
+    from fp8lab.environment import import_te
+    from fp8lab.speedometer import speedometer
+
+    te, recipe = import_te()
+    torch.manual_seed(0)
+    layer = te.TransformerLayer(4096, 16384, 32, params_dtype=torch.bfloat16, fuse_qkv_params=True)
+    x = torch.randn(2048, 4, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    params = [p for p in layer.parameters()]
+    for label, fp8 in (("BF16", False), ("FP8 delayed", True)):
+        kwargs = {"enabled": fp8, "recipe": recipe.DelayedScaling() if fp8 else None}
+
+        def step():
+            with te.autocast(**kwargs):
+                y = layer(x)
+            y.backward(dy)
+            for p in params:
+                p.grad = None
+
+        def bare_loop() -> float:
+            for _ in range(10):
+                step()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                step()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / iters
+
+        medians, means, bares = [], [], []
+        for _ in range(rounds):
+            timing = speedometer(layer, x, mode="forward_backward", grad_output=dy, autocast_kwargs=kwargs,
+                                 warmup=10, iters=iters, label=label)
+            medians.append(timing.median_ms)
+            means.append(timing.mean_ms)
+            bares.append(bare_loop())
+        spread = (max(medians) - min(medians)) / statistics.median(medians)
+        overhead = statistics.median(m / b - 1 for m, b in zip(means, bares))
+        print(f"{label}: speedometer medians {[round(m, 3) for m in medians]} ms; bare loop "
+              f"{[round(b, 3) for b in bares]} ms/iter; spread {spread:.2%}; overhead {overhead:+.2%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
