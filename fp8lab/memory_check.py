@@ -65,6 +65,7 @@ def measure(cfg: TransformerConfig, seq: int, batch: int, precision: str, recomp
     from fp8lab.environment import import_te
 
     te, recipe_module = import_te()
+    torch._dynamo.reset()  # TE's fused element-wise kernels are compiled; a fresh cache per config, as in a real run
     gc.collect()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 
 
-def main(rounds: int = 5, iters: int = 50) -> int:
+def main(rounds: int = 7, iters: int = 50, warm_seconds: float = 5.0) -> int:
     import torch
 
     from fp8lab.environment import import_te
@@ -50,6 +51,10 @@ def main(rounds: int = 5, iters: int = 50) -> int:
             torch.cuda.synchronize()
             return start.elapsed_time(end) / iters
 
+        begin = time.perf_counter()
+        while time.perf_counter() - begin < warm_seconds:  # let clocks and power settle before any round
+            step()
+        torch.cuda.synchronize()
         medians, means, bares = [], [], []
         for _ in range(rounds):
             timing = speedometer(layer, x, mode="forward_backward", grad_output=dy, autocast_kwargs=kwargs,
