@@ -1,0 +1,405 @@
+"""``Linear``, ``LayerNorm``, ``RMSNorm``, ``LayerNormLinear`` and ``LayerNormMLP`` of TE 2.20 (CPU reference).
+
+Mirrors ``transformer_engine/pytorch/module/{linear,layernorm,rmsnorm,layernorm_linear,
+layernorm_mlp}.py``: the same constructor arguments, defaults and parameter names
+(``weight``, ``bias``, ``layer_norm_weight``, ``fc1_weight`` ...), so a TE module's
+``state_dict`` loads into its reference twin. Outside ``autocast`` every GEMM runs in the
+parameter dtype; inside, :func:`fp8_gemm` quantizes inputs and weights (forward format) and
+the output gradient (backward format), accumulates in FP32 and returns the activation dtype.
+
+Arguments the reference does not model raise ``NotImplementedError`` naming them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fp8lab.reference import quantization as q
+from fp8lab.reference import recipe as recipes
+
+DEFAULT_INIT_STD = 0.023
+
+
+def _refuse(module: str, **arguments) -> None:
+    """Raise for arguments given values the reference does not model."""
+    for name, (value, allowed) in arguments.items():
+        if value not in allowed:
+            raise NotImplementedError(f"{module}({name}={value!r}) is not modelled by the CPU reference "
+                                      f"(supported: {', '.join(map(repr, allowed))}); use Transformer Engine")
+
+
+def _refuse_unknown(module: str, extra: dict) -> None:
+    if extra:
+        raise NotImplementedError(f"{module}: argument(s) {', '.join(sorted(extra))} not modelled by the CPU "
+                                  "reference; use Transformer Engine on a GPU")
+
+
+def check_parallel(module: str, tp_group=None, tp_size: int = 1, sequence_parallel: bool = False,
+                   parallel_mode=None, set_parallel_mode: bool = False) -> None:
+    """Parallel arguments are no-ops with one rank, as in TE; more ranks need TE on GPUs."""
+    size = tp_size if tp_group is None else q._group_size(tp_group)
+    if size != 1:
+        raise NotImplementedError(f"{module}: tensor parallelism over {size} ranks is not modelled by the CPU "
+                                  "reference; use Transformer Engine on GPUs")
+    if parallel_mode not in (None, "row", "column"):
+        raise ValueError(f"{module}: parallel_mode={parallel_mode!r} must be None, 'row' or 'column'")
+    del sequence_parallel, set_parallel_mode  # no-ops with a single rank
+
+
+def _device(device) -> torch.device:
+    device = torch.device("cpu" if device is None else device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but this machine has no CUDA GPU; the CPU reference runs on 'cpu'")
+    return device
+
+
+def _init_weight(shape, dtype, device, init_method) -> nn.Parameter:
+    weight = torch.empty(shape, dtype=dtype, device=device)
+    if init_method is None:
+        nn.init.normal_(weight, std=DEFAULT_INIT_STD)
+    else:
+        init_method(weight)
+    return nn.Parameter(weight)
+
+
+def _quantize_weight_at_init(module: nn.Module, names: tuple[str, ...]) -> None:
+    """Under ``quantized_model_init``: replace weights by their FP8 values (current scaling of the recipe)."""
+    recipe = q.STATE.model_init_recipe
+    if recipe is None:
+        return
+    for name in names:
+        weight = getattr(module, name)
+        with torch.no_grad():
+            fresh = recipes.Float8CurrentScaling(fp8_format=recipe.fp8_format) if recipe.delayed() else recipe
+            decoded = q.quantize_operand(weight.detach().reshape(weight.shape[0], -1), "weight", fresh, None)
+            weight.copy_(decoded.reshape(weight.shape).to(weight.dtype))
+        weight._fp8lab_quantized = True
+
+
+def make_fp8_meta(recipe: Optional[recipes.Recipe]) -> dict:
+    history = recipe.amax_history_len if isinstance(recipe, recipes.DelayedScaling) else 1
+    return {"scaling_fwd": q.ScalingMeta.create(history, 3), "scaling_bwd": q.ScalingMeta.create(history, 2),
+            "recipe": recipe}
+
+
+class _FP8Gemm(torch.autograd.Function):
+    """``y = x @ w.T + b`` with TE's FP8 semantics (x: [tokens, in], w: [out, in])."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, recipe, meta, cached_weight, fuse_wgrad, reduce_bwd, bwd_metas):
+        q.assert_dim_for_fp8_exec(x, weight)
+        xq = q.quantize_operand(x, "input", recipe, meta)
+        wq = cached_weight if cached_weight is not None else q.quantize_operand(weight, "weight", recipe, meta)
+        out = xq @ wq.t()
+        if bias is not None:
+            out = out + bias.float()
+        block = isinstance(recipe, (recipes.Float8BlockScaling, recipes.MXFP8BlockScaling))
+        xq_t = q.quantize_operand(x, "input", recipe, meta, columnwise=True) if block else xq
+        ctx.save_for_backward(xq_t, wq, weight)
+        ctx.recipe, ctx.meta, ctx.has_bias, ctx.x_dtype = recipe, meta, bias is not None, x.dtype
+        ctx.fuse_wgrad, ctx.reduce_bwd, ctx.bwd_metas = fuse_wgrad, reduce_bwd, bwd_metas
+        return out.to(x.dtype), wq
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_wq):
+        xq_t, wq, weight = ctx.saved_tensors
+        grad2d = grad_out.reshape(-1, grad_out.shape[-1])
+        gq = q.quantize_operand(grad2d, "grad_output", ctx.recipe, ctx.meta)
+        block = isinstance(ctx.recipe, (recipes.Float8BlockScaling, recipes.MXFP8BlockScaling))
+        gq_t = q.quantize_operand(grad2d, "grad_output", ctx.recipe, ctx.meta, columnwise=True) if block else gq
+        grad_x = (gq @ wq).to(ctx.x_dtype)
+        wgrad = gq_t.t() @ xq_t
+        grad_bias = grad2d.float().sum(0).to(weight.dtype) if ctx.has_bias else None
+        if ctx.fuse_wgrad:
+            weight.main_grad.add_(wgrad)
+            grad_weight = None
+        else:
+            grad_weight = wgrad.to(weight.dtype)
+        if ctx.reduce_bwd:
+            q.update_backward_metas(ctx.bwd_metas)
+        return grad_x, grad_weight, grad_bias, None, None, None, None, None, None
+
+
+class _MainGradAccumulate(torch.autograd.Function):
+    """A high-precision GEMM whose weight gradient goes into ``weight.main_grad`` (fuse_wgrad_accumulation)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        weight.main_grad.add_(grad_out.t().float() @ x.float())
+        return grad_out @ weight, None, grad_out.sum(0) if ctx.has_bias else None
+
+
+class _GemmModule(nn.Module):
+    """Shared machinery: FP8 meta, the weight cache for micro-batches, the GEMM call."""
+
+    def _setup_gemm_state(self, fuse_wgrad_accumulation: bool):
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.fp8_meta = make_fp8_meta(None)
+        self._weight_cache: dict[str, torch.Tensor] = {}
+
+    def _gemm(self, x2d: torch.Tensor, weight: nn.Parameter, bias: Optional[torch.Tensor], name: str,
+              is_first_microbatch: Optional[bool]) -> torch.Tensor:
+        if self.fuse_wgrad_accumulation and not hasattr(weight, "main_grad"):
+            raise RuntimeError(f"fuse_wgrad_accumulation=True needs {name}.main_grad (an FP32 tensor of the "
+                               "weight's shape) to be set before the backward")
+        if not q.STATE.enabled:
+            if self.fuse_wgrad_accumulation:
+                return _MainGradAccumulate.apply(x2d, weight, bias)
+            return F.linear(x2d, weight, bias)
+        recipe = q.STATE.recipe
+        if self.fp8_meta["recipe"] is None or type(self.fp8_meta["recipe"]) is not type(recipe) or (
+                recipe.delayed() and self.fp8_meta["scaling_fwd"].amax_history.shape[0] != recipe.amax_history_len):
+            self.fp8_meta = make_fp8_meta(recipe)
+        # one meta per GEMM so each weight keeps its own history, as in TE's multi-GEMM modules
+        meta = self.fp8_meta if name in ("weight",) else self.fp8_meta.setdefault(name, make_fp8_meta(recipe))
+        bwd_metas = q.register_module_metas(meta, recipe)
+        cached = self._weight_cache.get(name) if is_first_microbatch is False else None
+        out, wq = _FP8Gemm.apply(x2d, weight, bias, recipe, meta, cached, self.fuse_wgrad_accumulation,
+                                 bwd_metas is not None, bwd_metas)
+        if is_first_microbatch is not None and cached is None:
+            self._weight_cache[name] = wq.detach()
+        return out
+
+
+class LayerNorm(nn.Module):
+    """``te.LayerNorm(hidden_size, eps=1e-5, zero_centered_gamma=False)``, computed in FP32."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, zero_centered_gamma: bool = False,
+                 device=None, **extra):
+        super().__init__()
+        _refuse_unknown("LayerNorm", extra)
+        check_parallel("LayerNorm", sequence_parallel=sequence_parallel)
+        dtype = params_dtype or torch.get_default_dtype()
+        device = _device(device)
+        self.eps, self.zero_centered_gamma = eps, zero_centered_gamma
+        self.weight = nn.Parameter(torch.full((hidden_size,), 0.0 if zero_centered_gamma else 1.0,
+                                              dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm(x, self.weight, self.bias, self.eps, self.zero_centered_gamma)
+
+
+class RMSNorm(nn.Module):
+    """``te.RMSNorm(hidden_size, eps=1e-5, zero_centered_gamma=False)``, computed in FP32."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, zero_centered_gamma: bool = False,
+                 device=None, **extra):
+        super().__init__()
+        _refuse_unknown("RMSNorm", extra)
+        check_parallel("RMSNorm", sequence_parallel=sequence_parallel)
+        dtype = params_dtype or torch.get_default_dtype()
+        self.eps, self.zero_centered_gamma = eps, zero_centered_gamma
+        self.weight = nn.Parameter(torch.full((hidden_size,), 0.0 if zero_centered_gamma else 1.0,
+                                              dtype=dtype, device=_device(device)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps, self.zero_centered_gamma)
+
+
+def layer_norm(x, weight, bias, eps, zero_centered_gamma=False):
+    gamma = weight.float() + 1 if zero_centered_gamma else weight.float()
+    out = F.layer_norm(x.float(), x.shape[-1:], gamma, bias.float() if bias is not None else None, eps)
+    return out.to(x.dtype)
+
+
+def rms_norm(x, weight, eps, zero_centered_gamma=False):
+    gamma = weight.float() + 1 if zero_centered_gamma else weight.float()
+    xf = x.float()
+    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * gamma
+    return out.to(x.dtype)
+
+
+def _norm(kind: str, x, weight, bias, eps, zero_centered_gamma):
+    if kind == "LayerNorm":
+        return layer_norm(x, weight, bias, eps, zero_centered_gamma)
+    return rms_norm(x, weight, eps, zero_centered_gamma)
+
+
+class Linear(_GemmModule):
+    """``te.Linear(in_features, out_features, bias=True, ...)``: ``y = x W^T + b``."""
+
+    def __init__(self, in_features: int, out_features: int, sequence_parallel: bool = False,
+                 fuse_wgrad_accumulation: bool = False, tp_group=None, tp_size: int = 1,
+                 get_rng_state_tracker=None, rng_tracker_name=None, init_method=None, bias: bool = True,
+                 return_bias: bool = False, params_dtype: Optional[torch.dtype] = None, parallel_mode=None,
+                 parameters_split=None, device=None, name: Optional[str] = None, **extra):
+        super().__init__()
+        _refuse_unknown("Linear", extra)
+        check_parallel("Linear", tp_group, tp_size, sequence_parallel, parallel_mode)
+        _refuse("Linear", parameters_split=(parameters_split, (None,)))
+        dtype = params_dtype or torch.get_default_dtype()
+        device = _device(device)
+        self.in_features, self.out_features, self.return_bias = in_features, out_features, return_bias
+        self.weight = _init_weight((out_features, in_features), dtype, device, init_method)
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
+        self._setup_gemm_state(fuse_wgrad_accumulation)
+        _quantize_weight_at_init(self, ("weight",))
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None, fp8_output: bool = False,
+                fp8_grad: bool = False):
+        _refuse("Linear.forward", fp8_output=(fp8_output, (False,)), fp8_grad=(fp8_grad, (False,)))
+        bias = None if self.return_bias else self.bias
+        out = self._gemm(inp.reshape(-1, inp.shape[-1]), self.weight, bias, "weight", is_first_microbatch)
+        out = out.reshape(*inp.shape[:-1], self.out_features)
+        return (out, self.bias) if self.return_bias else out
+
+
+class LayerNormLinear(_GemmModule):
+    """``te.LayerNormLinear``: a norm (LayerNorm or RMSNorm) fused with the Linear that follows it."""
+
+    def __init__(self, in_features: int, out_features: int, eps: float = 1e-5, sequence_parallel: bool = False,
+                 fuse_wgrad_accumulation: bool = False, tp_group=None, tp_size: int = 1,
+                 get_rng_state_tracker=None, init_method=None, bias: bool = True, normalization: str = "LayerNorm",
+                 return_bias: bool = False, params_dtype: Optional[torch.dtype] = None, parallel_mode=None,
+                 return_layernorm_output: bool = False, return_layernorm_output_gathered: bool = False,
+                 parameters_split=None, zero_centered_gamma: bool = False, device=None,
+                 name: Optional[str] = None, **extra):
+        super().__init__()
+        extra = {k: v for k, v in extra.items() if not (k.startswith("ub_") and not v) and k != "fp8_output"}
+        _refuse_unknown("LayerNormLinear", extra)
+        check_parallel("LayerNormLinear", tp_group, tp_size, sequence_parallel, parallel_mode)
+        _refuse("LayerNormLinear", normalization=(normalization, ("LayerNorm", "RMSNorm")))
+        dtype = params_dtype or torch.get_default_dtype()
+        device = _device(device)
+        self.normalization, self.eps, self.zero_centered_gamma = normalization, eps, zero_centered_gamma
+        self.return_bias, self.return_layernorm_output = return_bias, return_layernorm_output
+        self.in_features, self.out_features = in_features, out_features
+        self.layer_norm_weight = nn.Parameter(torch.full((in_features,), 0.0 if zero_centered_gamma else 1.0,
+                                                         dtype=dtype, device=device))
+        self.layer_norm_bias = (nn.Parameter(torch.zeros(in_features, dtype=dtype, device=device))
+                                if normalization == "LayerNorm" else None)
+        if parameters_split is None:
+            self.split = None
+            self.weight = _init_weight((out_features, in_features), dtype, device, init_method)
+            self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
+            weights = ("weight",)
+        else:
+            sizes = (dict(parameters_split) if isinstance(parameters_split, dict)
+                     else {n: out_features // len(parameters_split) for n in parameters_split})
+            if sum(sizes.values()) != out_features:
+                raise ValueError(f"parameters_split sizes {sizes} must add up to out_features={out_features}")
+            self.split = sizes
+            for part, size in sizes.items():
+                setattr(self, f"{part.rstrip('_')}_weight", _init_weight((size, in_features), dtype, device,
+                                                                       init_method))
+                setattr(self, f"{part.rstrip('_')}_bias",
+                        nn.Parameter(torch.zeros(size, dtype=dtype, device=device)) if bias else None)
+            weights = tuple(f"{p.rstrip('_')}_weight" for p in sizes)
+        self._setup_gemm_state(fuse_wgrad_accumulation)
+        _quantize_weight_at_init(self, weights)
+
+    def _weight_and_bias(self):
+        if self.split is None:
+            return self.weight, self.bias
+        parts = [p.rstrip("_") for p in self.split]
+        weight = torch.cat([getattr(self, f"{p}_weight") for p in parts])
+        biases = [getattr(self, f"{p}_bias") for p in parts]
+        return weight, (torch.cat(biases) if biases[0] is not None else None)
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None, fp8_output: bool = False):
+        _refuse("LayerNormLinear.forward", fp8_output=(fp8_output, (False,)))
+        if self.split is not None and self.fuse_wgrad_accumulation:
+            raise NotImplementedError("fuse_wgrad_accumulation with parameters_split is not modelled by the CPU "
+                                      "reference")
+        normed = _norm(self.normalization, inp, self.layer_norm_weight, self.layer_norm_bias, self.eps,
+                       self.zero_centered_gamma)
+        weight, bias = self._weight_and_bias()
+        out = self._gemm(normed.reshape(-1, inp.shape[-1]), weight, None if self.return_bias else bias,
+                         "weight", is_first_microbatch)
+        out = out.reshape(*inp.shape[:-1], self.out_features)
+        result = (out, bias) if self.return_bias else (out,)
+        if self.return_layernorm_output:
+            result = result + (normed,)
+        return result if len(result) > 1 else result[0]
+
+
+def apply_activation(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """TE's activations: GeLU (tanh approximation), ReLU, and the gated SwiGLU / GeGLU / ReGLU
+    (gate on the first half, as TE and unlike PyTorch's GLU)."""
+    if kind == "gelu":
+        return F.gelu(x, approximate="tanh")
+    if kind == "relu":
+        return F.relu(x)
+    if kind == "silu":
+        return F.silu(x)
+    gate, value = x.chunk(2, dim=-1)
+    act = {"swiglu": F.silu, "geglu": lambda t: F.gelu(t, approximate="tanh"), "reglu": F.relu}[kind]
+    return act(gate) * value
+
+
+ACTIVATIONS = ("gelu", "relu", "silu", "swiglu", "geglu", "reglu")
+
+
+class LayerNormMLP(_GemmModule):
+    """``te.LayerNormMLP``: norm, FC1, activation, FC2 (one fused module in TE)."""
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
+                 return_bias: bool = False, get_rng_state_tracker=None, tp_group=None, tp_size: int = 1,
+                 init_method=None, bias: bool = True, normalization: str = "LayerNorm", activation: str = "gelu",
+                 activation_params=None, output_layer_init_method=None, fuse_wgrad_accumulation: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, return_layernorm_output: bool = False,
+                 return_layernorm_output_gathered: bool = False, seq_length=None, micro_batch_size=None,
+                 set_parallel_mode: bool = False, zero_centered_gamma: bool = False, device=None,
+                 name: Optional[str] = None, **extra):
+        super().__init__()
+        extra = {k: v for k, v in extra.items() if not (k.startswith("ub_") and not v)}
+        _refuse_unknown("LayerNormMLP", extra)
+        check_parallel("LayerNormMLP", tp_group, tp_size, sequence_parallel, set_parallel_mode=set_parallel_mode)
+        _refuse("LayerNormMLP", normalization=(normalization, ("LayerNorm", "RMSNorm")),
+                activation=(activation, ACTIVATIONS), activation_params=(activation_params, (None,)))
+        dtype = params_dtype or torch.get_default_dtype()
+        device = _device(device)
+        gated = activation in ("swiglu", "geglu", "reglu")
+        self.normalization, self.activation, self.eps = normalization, activation, eps
+        self.zero_centered_gamma, self.return_bias = zero_centered_gamma, return_bias
+        self.return_layernorm_output = return_layernorm_output
+        self.layer_norm_weight = nn.Parameter(torch.full((hidden_size,), 0.0 if zero_centered_gamma else 1.0,
+                                                         dtype=dtype, device=device))
+        self.layer_norm_bias = (nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
+                                if normalization == "LayerNorm" else None)
+        fc1_out = 2 * ffn_hidden_size if gated else ffn_hidden_size
+        self.fc1_weight = _init_weight((fc1_out, hidden_size), dtype, device, init_method)
+        self.fc1_bias = nn.Parameter(torch.zeros(fc1_out, dtype=dtype, device=device)) if bias else None
+        self.fc2_weight = _init_weight((hidden_size, ffn_hidden_size), dtype, device,
+                                       output_layer_init_method or init_method)
+        self.fc2_bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device)) if bias else None
+        self._setup_gemm_state(fuse_wgrad_accumulation)
+        _quantize_weight_at_init(self, ("fc1_weight", "fc2_weight"))
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None):
+        normed = _norm(self.normalization, inp, self.layer_norm_weight, self.layer_norm_bias, self.eps,
+                       self.zero_centered_gamma)
+        hidden = self._gemm(normed.reshape(-1, inp.shape[-1]), self.fc1_weight, self.fc1_bias, "fc1_weight",
+                            is_first_microbatch)
+        hidden = apply_activation(hidden, self.activation)
+        out = self._gemm(hidden, self.fc2_weight, None if self.return_bias else self.fc2_bias, "fc2_weight",
+                         is_first_microbatch)
+        out = out.reshape(*inp.shape)
+        result = (out, self.fc2_bias) if self.return_bias else (out,)
+        if self.return_layernorm_output:
+            result = result + (normed,)
+        return result if len(result) > 1 else result[0]
+
+
+def init_method_normal(std: float):
+    """TE's ``init_method_normal``: a normal initialiser with standard deviation ``std``."""
+    return lambda tensor: nn.init.normal_(tensor, std=std)
+
+
+def scaled_init_method_normal(std: float, num_layers: int):
+    return init_method_normal(std / math.sqrt(2.0 * num_layers))
