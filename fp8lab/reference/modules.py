@@ -91,7 +91,7 @@ class _FP8Gemm(torch.autograd.Function):
     """``y = x @ w.T + b`` with TE's FP8 semantics (x: [tokens, in], w: [out, in])."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe, meta, cached_weight, fuse_wgrad, reduce_bwd, bwd_metas):
+    def forward(ctx, x, weight, bias, recipe, meta, cached_weight, fuse_wgrad, reduce_bwd, bwd_metas, out_dtype):
         q.assert_dim_for_fp8_exec(x, weight)
         xq = q.quantize_operand(x, "input", recipe, meta)
         wq = cached_weight if cached_weight is not None else q.quantize_operand(weight, "weight", recipe, meta)
@@ -101,9 +101,9 @@ class _FP8Gemm(torch.autograd.Function):
         block = isinstance(recipe, (recipes.Float8BlockScaling, recipes.MXFP8BlockScaling))
         xq_t = q.quantize_operand(x, "input", recipe, meta, columnwise=True) if block else xq
         ctx.save_for_backward(xq_t, wq, weight)
-        ctx.recipe, ctx.meta, ctx.has_bias, ctx.x_dtype = recipe, meta, bias is not None, x.dtype
+        ctx.recipe, ctx.meta, ctx.has_bias, ctx.x_dtype = recipe, meta, bias is not None, out_dtype
         ctx.fuse_wgrad, ctx.reduce_bwd, ctx.bwd_metas = fuse_wgrad, reduce_bwd, bwd_metas
-        return out.to(x.dtype), wq
+        return out.to(out_dtype), wq
 
     @staticmethod
     def backward(ctx, grad_out, _grad_wq):
@@ -122,7 +122,7 @@ class _FP8Gemm(torch.autograd.Function):
             grad_weight = wgrad.to(weight.dtype)
         if ctx.reduce_bwd:
             q.update_backward_metas(ctx.bwd_metas)
-        return grad_x, grad_weight, grad_bias, None, None, None, None, None, None
+        return grad_x, grad_weight, grad_bias, None, None, None, None, None, None, None
 
 
 class _MainGradAccumulate(torch.autograd.Function):
@@ -150,7 +150,9 @@ class _GemmModule(nn.Module):
         self._weight_cache: dict[str, torch.Tensor] = {}
 
     def _gemm(self, x2d: torch.Tensor, weight: nn.Parameter, bias: Optional[torch.Tensor], name: str,
-              is_first_microbatch: Optional[bool]) -> torch.Tensor:
+              is_first_microbatch: Optional[bool], out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """``x2d @ weight.T + bias``; under autocast an FP8 GEMM whose output has ``out_dtype``
+        (default: the input's; fused producers hand over FP32 values, as TE's fused casts do)."""
         if self.fuse_wgrad_accumulation and not hasattr(weight, "main_grad"):
             raise RuntimeError(f"fuse_wgrad_accumulation=True needs {name}.main_grad (an FP32 tensor of the "
                                "weight's shape) to be set before the backward")
@@ -167,7 +169,7 @@ class _GemmModule(nn.Module):
         bwd_metas = q.register_module_metas(meta, recipe)
         cached = self._weight_cache.get(name) if is_first_microbatch is False else None
         out, wq = _FP8Gemm.apply(x2d, weight, bias, recipe, meta, cached, self.fuse_wgrad_accumulation,
-                                 bwd_metas is not None, bwd_metas)
+                                 bwd_metas is not None, bwd_metas, out_dtype or x2d.dtype)
         if is_first_microbatch is not None and cached is None:
             self._weight_cache[name] = wq.detach()
         return out
@@ -225,9 +227,12 @@ def rms_norm(x, weight, eps, zero_centered_gamma=False):
 
 
 def _norm(kind: str, x, weight, bias, eps, zero_centered_gamma):
-    if kind == "LayerNorm":
-        return layer_norm(x, weight, bias, eps, zero_centered_gamma)
-    return rms_norm(x, weight, eps, zero_centered_gamma)
+    """The norm before a GEMM. Under FP8, TE's fused norm+cast quantizes the FP32 result directly,
+    so the FP32 values are returned; otherwise they are rounded to the input dtype."""
+    norm = layer_norm if kind == "LayerNorm" else (lambda t, w, b, e, z: rms_norm(t, w, e, z))
+    if q.STATE.enabled:
+        return norm(x.float(), weight, bias, eps, zero_centered_gamma)
+    return norm(x, weight, bias, eps, zero_centered_gamma)
 
 
 class Linear(_GemmModule):
@@ -320,11 +325,11 @@ class LayerNormLinear(_GemmModule):
                        self.zero_centered_gamma)
         weight, bias = self._weight_and_bias()
         out = self._gemm(normed.reshape(-1, inp.shape[-1]), weight, None if self.return_bias else bias,
-                         "weight", is_first_microbatch)
+                         "weight", is_first_microbatch, inp.dtype)
         out = out.reshape(*inp.shape[:-1], self.out_features)
         result = (out, bias) if self.return_bias else (out,)
         if self.return_layernorm_output:
-            result = result + (normed,)
+            result = result + (normed.to(inp.dtype),)
         return result if len(result) > 1 else result[0]
 
 
@@ -385,14 +390,16 @@ class LayerNormMLP(_GemmModule):
         normed = _norm(self.normalization, inp, self.layer_norm_weight, self.layer_norm_bias, self.eps,
                        self.zero_centered_gamma)
         hidden = self._gemm(normed.reshape(-1, inp.shape[-1]), self.fc1_weight, self.fc1_bias, "fc1_weight",
-                            is_first_microbatch)
-        hidden = apply_activation(hidden, self.activation)
+                            is_first_microbatch, inp.dtype)
+        # TE computes the activation in FP32; under FP8 its fused kernel quantizes that FP32 result
+        activated = apply_activation(hidden.float(), self.activation)
+        hidden = activated if q.STATE.enabled else activated.to(hidden.dtype)
         out = self._gemm(hidden, self.fc2_weight, None if self.return_bias else self.fc2_bias, "fc2_weight",
-                         is_first_microbatch)
+                         is_first_microbatch, inp.dtype)
         out = out.reshape(*inp.shape)
         result = (out, self.fc2_bias) if self.return_bias else (out,)
         if self.return_layernorm_output:
-            result = result + (normed,)
+            result = result + (normed.to(inp.dtype),)
         return result if len(result) > 1 else result[0]
 
 
