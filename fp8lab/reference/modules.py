@@ -213,6 +213,11 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, self.zero_centered_gamma)
 
 
+def fused_cast() -> bool:
+    """True where TE casts a norm's or activation's FP32 result straight to FP8 (delayed scaling)."""
+    return q.STATE.enabled and isinstance(q.STATE.recipe, recipes.DelayedScaling)
+
+
 def layer_norm(x, weight, bias, eps, zero_centered_gamma=False):
     gamma = weight.float() + 1 if zero_centered_gamma else weight.float()
     out = F.layer_norm(x.float(), x.shape[-1:], gamma, bias.float() if bias is not None else None, eps)
@@ -227,10 +232,11 @@ def rms_norm(x, weight, eps, zero_centered_gamma=False):
 
 
 def _norm(kind: str, x, weight, bias, eps, zero_centered_gamma):
-    """The norm before a GEMM. Under FP8, TE's fused norm+cast quantizes the FP32 result directly,
-    so the FP32 values are returned; otherwise they are rounded to the input dtype."""
+    """The norm before a GEMM. Under delayed scaling TE fuses norm and cast, quantizing the FP32
+    result; with other recipes (the scale needs the amax first) the norm writes the input dtype
+    and that is quantized, as measured against TE 2.20 on an H200."""
     norm = layer_norm if kind == "LayerNorm" else (lambda t, w, b, e, z: rms_norm(t, w, e, z))
-    if q.STATE.enabled:
+    if fused_cast():
         return norm(x.float(), weight, bias, eps, zero_centered_gamma)
     return norm(x, weight, bias, eps, zero_centered_gamma)
 
@@ -391,9 +397,9 @@ class LayerNormMLP(_GemmModule):
                        self.zero_centered_gamma)
         hidden = self._gemm(normed.reshape(-1, inp.shape[-1]), self.fc1_weight, self.fc1_bias, "fc1_weight",
                             is_first_microbatch, inp.dtype)
-        # TE computes the activation in FP32; under FP8 its fused kernel quantizes that FP32 result
+        # TE computes the activation in FP32; under delayed scaling its fused kernel quantizes that result
         activated = apply_activation(hidden.float(), self.activation)
-        hidden = activated if q.STATE.enabled else activated.to(hidden.dtype)
+        hidden = activated if fused_cast() else activated.to(hidden.dtype)
         out = self._gemm(hidden, self.fc2_weight, None if self.return_bias else self.fc2_bias, "fc2_weight",
                          is_first_microbatch, inp.dtype)
         out = out.reshape(*inp.shape)
