@@ -1,10 +1,12 @@
 """Check the memory estimator against ``torch.cuda.max_memory_allocated`` on a GPU with TE.
 
-``python -m fp8lab.memory_check --csv out.csv`` builds a stack of ``te.TransformerLayer``
-for each configuration of a named matrix (two shapes -- GPT-style GeLU/MHA and
-Llama-style SwiGLU/GQA --, two sequence lengths, two micro-batches, BF16 vs TE FP8
-vs TE FP8 with ``quantized_model_init``, recompute none vs full), runs one warm-up
-and one measured forward+backward, and prints predicted against measured peaks.
+``python -m fp8lab.memory_check --matrix validation --csv out.csv`` builds a stack of
+``te.TransformerLayer`` for each configuration of a named matrix (two shapes -- GPT-style
+GeLU/MHA and Llama-style SwiGLU/GQA --, two sequence lengths, two micro-batches, BF16 vs
+TE FP8 vs TE FP8 with ``quantized_model_init``, recompute none vs full), runs one warm-up
+and one measured forward+backward, and prints predicted against measured peaks. The
+``calibration`` matrix is the one the estimator's transient terms were checked against;
+``validation`` holds out other shapes and sizes.
 
 Measured is the rise of ``max_memory_allocated`` above what was allocated before the
 model was built (a warm-up has already created TE's cuBLAS workspace), which is what
@@ -22,15 +24,35 @@ from dataclasses import dataclass
 from fp8lab.config import TransformerConfig
 from fp8lab.memory import MiB, estimate
 
-SHAPES = {
-    "gpt-gelu-mha": TransformerConfig(2048, 8192, 16, num_layers=4, name="gpt-gelu-mha"),
-    "llama-swiglu-gqa": TransformerConfig(2048, 5632, 16, num_gqa_groups=4, num_layers=4, activation="swiglu",
-                                          normalization="RMSNorm", bias=False, name="llama-swiglu-gqa"),
-}
-SEQS = (1024, 4096)
-BATCHES = (1, 4)
 PRECISIONS = ("bf16", "fp8-delayed", "fp8-weights")
 RECOMPUTES = ("none", "full")
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A named set of configurations: shapes x sequence lengths x micro-batches x precisions x recompute."""
+
+    shapes: dict
+    seqs: tuple
+    batches: tuple
+
+
+MATRICES = {
+    # the configurations the estimator's backward transients were checked against while it was written
+    "calibration": Matrix({
+        "gpt-gelu-mha": TransformerConfig(2048, 8192, 16, num_layers=4, name="gpt-gelu-mha"),
+        "llama-swiglu-gqa": TransformerConfig(2048, 5632, 16, num_gqa_groups=4, num_layers=4, activation="swiglu",
+                                              normalization="RMSNorm", bias=False, name="llama-swiglu-gqa"),
+    }, seqs=(1024, 4096), batches=(1, 4)),
+    # held out: other shapes, sequence lengths and micro-batches
+    "validation": Matrix({
+        "gpt-gelu-mha-2560": TransformerConfig(2560, 10240, 20, num_layers=3, name="gpt-gelu-mha-2560"),
+        "llama-swiglu-gqa-3072": TransformerConfig(3072, 8192, 24, num_gqa_groups=8, num_layers=3,
+                                                   activation="swiglu", normalization="RMSNorm", bias=False,
+                                                   name="llama-swiglu-gqa-3072"),
+    }, seqs=(2048, 8192), batches=(1, 2)),
+}
+SHAPES = {**MATRICES["calibration"].shapes, **MATRICES["validation"].shapes}
 
 
 @dataclass
@@ -103,9 +125,9 @@ def measure(cfg: TransformerConfig, seq: int, batch: int, precision: str, recomp
     return result
 
 
-def rows(shapes=SHAPES, seqs=SEQS, batches=BATCHES, precisions=PRECISIONS, recomputes=RECOMPUTES):
+def rows(matrix: Matrix, precisions=PRECISIONS, recomputes=RECOMPUTES):
     for (name, cfg), seq, batch, precision, recompute in itertools.product(
-            shapes.items(), seqs, batches, precisions, recomputes):
+            matrix.shapes.items(), matrix.seqs, matrix.batches, precisions, recomputes):
         predicted = estimate(cfg, batch, seq, precision=precision, recompute=recompute, include_optimizer=False)
         measured = measure(cfg, seq, batch, precision, recompute)
         yield {"shape": name, "seq": seq, "batch": batch, "precision": precision, "recompute": recompute,
@@ -133,9 +155,10 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", help="write the table here")
+    parser.add_argument("--matrix", choices=sorted(MATRICES), default="validation")
     args = parser.parse_args(argv)
     warm_up()
-    frame = pd.DataFrame(rows())
+    frame = pd.DataFrame(rows(MATRICES[args.matrix]))
     frame["error"] = (frame["predicted_MiB"] / frame["measured_MiB"] - 1).round(4)
     pd.set_option("display.width", 200)
     print(frame.to_string(index=False))

@@ -134,17 +134,26 @@ def _check_counts(warmup: int, iters: int) -> None:
 
 def time_callable(fn: Callable[[], Any], *, warmup: int = 10, iters: int = 50,
                   device: torch.device | str | None = None, label: str = "callable",
-                  measure_memory: bool = False, **result_fields: Any) -> Timing:
+                  measure_memory: bool = False, min_warmup_ms: float = 0.0, **result_fields: Any) -> Timing:
     """Time ``fn()`` ``iters`` times after ``warmup`` untimed calls.
 
-    ``result_fields`` go into the :class:`Timing` (``tokens``, ``flops``, ``peak_tflops``, ``mode`` ...).
+    ``min_warmup_ms`` keeps warming up until that much time has passed (GPU clocks and power
+    settle over a second or so of sustained load). ``result_fields`` go into the
+    :class:`Timing` (``tokens``, ``flops``, ``peak_tflops``, ``mode`` ...).
     """
     _check_counts(warmup, iters)
+    if min_warmup_ms < 0:
+        raise ValueError(f"min_warmup_ms={min_warmup_ms}: must be >= 0")
     device = _device_of(device)
     cuda = device.type == "cuda"
     try:
-        for _ in range(warmup):
+        begin = time.perf_counter()
+        done = 0
+        while done < warmup or (time.perf_counter() - begin) * 1e3 < min_warmup_ms:
             fn()
+            done += 1
+            if cuda and done % 10 == 0 and min_warmup_ms:
+                torch.cuda.synchronize(device)
         if cuda:
             torch.cuda.synchronize(device)
             if measure_memory:
@@ -205,7 +214,8 @@ def speedometer(module: Callable[..., Any], *inputs: Any, mode: str = "forward_b
                 autocast_kwargs: Mapping[str, Any] | None = None,
                 context: Callable[[], contextlib.AbstractContextManager] | None = None,
                 optimizer: torch.optim.Optimizer | None = None, grad_output: torch.Tensor | None = None,
-                zero_grad: bool = True, warmup: int = 10, iters: int = 50, label: str | None = None,
+                zero_grad: bool = True, warmup: int = 10, iters: int = 50, min_warmup_ms: float = 0.0,
+                label: str | None = None,
                 tokens: int | None = None, flops: float | None = None, peak_tflops: float | None = None,
                 measure_memory: bool = False) -> Timing:
     """Time ``module(*inputs, **forward_kwargs)`` in one of :data:`MODES`.
@@ -261,7 +271,7 @@ def speedometer(module: Callable[..., Any], *inputs: Any, mode: str = "forward_b
                 for param in parameters:
                     param.grad = None
     shapes = ", ".join(str(tuple(t.shape)) for t in _tensors(inputs))
-    return time_callable(iteration, warmup=warmup, iters=iters, device=device,
+    return time_callable(iteration, warmup=warmup, iters=iters, device=device, min_warmup_ms=min_warmup_ms,
                          label=label, measure_memory=measure_memory, mode=mode,
                          grads_zeroed=zero_grad if mode != "forward" else None,
                          tokens=tokens, flops=flops, peak_tflops=peak_tflops,
