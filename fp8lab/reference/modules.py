@@ -213,9 +213,32 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, self.zero_centered_gamma)
 
 
-def fused_cast() -> bool:
-    """True where TE casts a norm's or activation's FP32 result straight to FP8 (delayed scaling)."""
-    return q.STATE.enabled and isinstance(q.STATE.recipe, recipes.DelayedScaling)
+# Where TE 2.20 casts a kernel's FP32 result straight to FP8 instead of writing 16 bits first,
+# per recipe kind (checked against TE on an H200; see tests/test_reference_parity.py).
+FUSED_CASTS = {
+    "LayerNorm": {"DelayedScaling", "MXFP8BlockScaling"},
+    "RMSNorm": {"DelayedScaling", "MXFP8BlockScaling"},
+    "activation": {"DelayedScaling", "MXFP8BlockScaling", "Float8CurrentScaling"},
+    "gelu backward": {"DelayedScaling", "MXFP8BlockScaling"},
+}
+
+
+def fused_cast(kernel: str) -> bool:
+    """True where TE casts this kernel's FP32 result straight to FP8 under the active recipe."""
+    return q.STATE.enabled and type(q.STATE.recipe).__name__ in FUSED_CASTS[kernel]
+
+
+class _RoundForward(torch.autograd.Function):
+    """Round values to a 16-bit dtype but keep FP32 storage, and pass the FP32 gradient through:
+    a kernel whose backward feeds an FP8 cast directly, without a 16-bit gradient in between."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        return x.to(dtype).float()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
 
 
 def layer_norm(x, weight, bias, eps, zero_centered_gamma=False):
@@ -236,7 +259,7 @@ def _norm(kind: str, x, weight, bias, eps, zero_centered_gamma):
     result; with other recipes (the scale needs the amax first) the norm writes the input dtype
     and that is quantized, as measured against TE 2.20 on an H200."""
     norm = layer_norm if kind == "LayerNorm" else (lambda t, w, b, e, z: rms_norm(t, w, e, z))
-    if fused_cast():
+    if fused_cast(kind):
         return norm(x.float(), weight, bias, eps, zero_centered_gamma)
     return norm(x, weight, bias, eps, zero_centered_gamma)
 
@@ -395,13 +418,18 @@ class LayerNormMLP(_GemmModule):
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None):
         normed = _norm(self.normalization, inp, self.layer_norm_weight, self.layer_norm_bias, self.eps,
                        self.zero_centered_gamma)
+        dtype = inp.dtype
         hidden = self._gemm(normed.reshape(-1, inp.shape[-1]), self.fc1_weight, self.fc1_bias, "fc1_weight",
-                            is_first_microbatch, inp.dtype)
-        # TE computes the activation in FP32; under delayed scaling its fused kernel quantizes that result
+                            is_first_microbatch, torch.float32 if q.STATE.enabled else dtype)
+        if q.STATE.enabled:
+            # FC1 writes 16 bits; its gradient reaches FC1's FP8 cast in FP32 where TE fuses dGeLU and cast
+            fused_backward = self.activation == "gelu" and fused_cast("gelu backward")
+            hidden = _RoundForward.apply(hidden, dtype) if fused_backward else hidden.to(dtype).float()
+        # TE computes the activation in FP32; where it fuses activation and cast, that result is quantized
         activated = apply_activation(hidden.float(), self.activation)
-        hidden = activated if fused_cast() else activated.to(hidden.dtype)
+        hidden = activated if fused_cast("activation") else activated.to(dtype)
         out = self._gemm(hidden, self.fc2_weight, None if self.return_bias else self.fc2_bias, "fc2_weight",
-                         is_first_microbatch, inp.dtype)
+                         is_first_microbatch, dtype)
         out = out.reshape(*inp.shape)
         result = (out, self.fc2_bias) if self.return_bias else (out,)
         if self.return_layernorm_output:
