@@ -106,6 +106,19 @@ def build(kind, te_or_ref, dtype):
                                       attention_dropout=0.0, fuse_qkv_params=True)
 
 
+def nudge(x: torch.Tensor, fraction: float = 1e-3, seed: int = 7) -> torch.Tensor:
+    """``x`` with one BF16 ulp added to a random ``fraction`` of its elements."""
+    generator = torch.Generator().manual_seed(seed)
+    mask = torch.rand(x.shape, generator=generator) < fraction
+    bits = x.view(torch.int16).clone()
+    bits[mask] += 1
+    return bits.view(torch.bfloat16)
+
+
+CHAINED = "chained FP8 casts: a last-bit difference before a cast moves the amax and so every element's " \
+          "rounding; TE against itself with one-ulp input changes shows the same spread (reported as 'TE floor')"
+
+
 @pytest.mark.parametrize("recipe_name", ["bf16", "delayed", "current"])
 @pytest.mark.parametrize("kind", ["Linear", "LayerNormLinear", "LayerNormMLP", "TransformerLayer"])
 def test_forward_and_gradients_match_te(te, te_recipe, kind, recipe_name):
@@ -133,10 +146,24 @@ def test_forward_and_gradients_match_te(te, te_recipe, kind, recipe_name):
             out_ref = ref_module(x_ref)
         out_ref.backward(dy)
     key = f"{kind} {recipe_name}"
+    if recipe_name != "bf16":  # TE against itself, its input nudged by one ulp in 0.1% of the elements
+        grads_before = {n: p.grad.clone() for n, p in te_module.named_parameters()}
+        x_nudged = nudge(x).cuda().requires_grad_()
+        te_module.zero_grad(set_to_none=True)
+        with te.autocast(enabled=True, recipe=te_r):
+            out_nudged = te_module(x_nudged)
+        out_nudged.backward(dy.cuda())
+        ERRORS[f"{key} TE floor output"] = rel_error(out_nudged, out_te)
+        ERRORS[f"{key} TE floor worst param grad"] = max(rel_error(p.grad, grads_before[n])
+                                                         for n, p in te_module.named_parameters()
+                                                         if grads_before[n].norm() > 0)
+        for n, p in te_module.named_parameters():
+            p.grad = grads_before[n]
     ERRORS[f"{key} output"] = rel_error(out_ref, out_te)
     ERRORS[f"{key} input grad"] = rel_error(x_ref.grad, x_te.grad)
     grads = {n: p.grad for n, p in te_module.named_parameters()}
-    ERRORS[f"{key} worst param grad"] = max(rel_error(p.grad, grads[n]) for n, p in ref_module.named_parameters())
+    ERRORS[f"{key} worst param grad"] = max(rel_error(p.grad, grads[n]) for n, p in ref_module.named_parameters()
+                                            if grads[n].norm() > 0)
     assert ERRORS[f"{key} output"] <= 1e-2
     assert ERRORS[f"{key} input grad"] <= 2e-2
     assert ERRORS[f"{key} worst param grad"] <= 2e-2

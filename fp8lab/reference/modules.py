@@ -218,7 +218,7 @@ class RMSNorm(nn.Module):
 FUSED_CASTS = {
     "LayerNorm": {"DelayedScaling", "MXFP8BlockScaling"},
     "RMSNorm": {"DelayedScaling", "MXFP8BlockScaling"},
-    "activation": {"DelayedScaling", "MXFP8BlockScaling", "Float8CurrentScaling"},
+    "activation": {"DelayedScaling", "MXFP8BlockScaling"},
     "gelu backward": {"DelayedScaling", "MXFP8BlockScaling"},
 }
 
