@@ -146,7 +146,7 @@ def test_forward_and_gradients_match_te(te, te_recipe, kind, recipe_name):
             out_ref = ref_module(x_ref)
         out_ref.backward(dy)
     key = f"{kind} {recipe_name}"
-    if recipe_name != "bf16":  # TE against itself, its input nudged by one ulp in 0.1% of the elements
+    if recipe_name == "current":  # TE against itself (stateless recipe), input nudged by one ulp in 0.1%
         grads_before = {n: p.grad.clone() for n, p in te_module.named_parameters()}
         x_nudged = nudge(x).cuda().requires_grad_()
         te_module.zero_grad(set_to_none=True)
