@@ -340,8 +340,13 @@ def _simulate_peak(cfg, batch, seq, precision, recompute, layout, per_param, sav
     live_saved = 0.0 if full else saved_layer * cfg.num_layers
     copies = 0.0 if full else sum(copy_of.values()) * cfg.num_layers
     checkpoints = layer_input * cfg.num_layers if full else 0.0
-    grads = 0.0
-    incoming = 2 * layer_input + BACKWARD_SCRATCH  # the output and its gradient, and scratch
+    # Embeddings, final norm and LM head run backward first: their gradients exist throughout.
+    grads = grad_bytes * (n_local - cfg.num_layers * sum(layer_params.values()))
+    if cfg.vocab_size is None:  # a stack of layers: its output and the gradient handed to it
+        incoming = 2 * layer_input
+    else:  # logits, their FP32 copy for the loss, and the logits' gradient
+        incoming = (2 * element + 4) * tokens * cfg.vocab_size / tp
+    incoming += BACKWARD_SCRATCH
     peak = 0.0
     for _ in range(cfg.num_layers):
         if full:  # the recomputed forward of this layer brings its saved tensors and weight copies back

@@ -175,7 +175,9 @@ def time_callable(fn: Callable[[], Any], *, warmup: int = 10, iters: int = 50,
                 times_list.append((time.perf_counter() - begin) * 1e3)
             times, peak = tuple(times_list), None
     except torch.cuda.OutOfMemoryError as error:
-        raise MemoryError(f"out of GPU memory while timing {label!r} on {device}: {error}".splitlines()[0]) from error
+        shapes = result_fields.get("extra", {}).get("input_shapes")
+        where = f"{label!r} ({result_fields.get('mode', 'callable')}" + (f", inputs {shapes}" if shapes else "") + ")"
+        raise MemoryError(f"out of GPU memory while timing {where} on {device}: {error}".splitlines()[0]) from error
     return Timing(label=label, times_ms=times, device=str(device), warmup=warmup,
                   peak_memory_bytes=peak, **result_fields)
 

@@ -5,7 +5,8 @@
 5 ms) in BF16 and FP8, alternating the speedometer with a bare loop that
 brackets the same number of the same steps with one pair of CUDA events.
 
-Spread: (max - min) / median of the speedometer's medians over the rounds.
+Spread: (max - min) / median of the speedometer's medians over the rounds (and their
+coefficient of variation).
 Overhead: the speedometer's mean per iteration over the bare loop's, minus one,
 median over rounds.
 """
@@ -17,7 +18,7 @@ import sys
 import time
 
 
-def main(rounds: int = 7, iters: int = 50, warm_seconds: float = 5.0) -> int:
+def main(rounds: int = 7, iters: int = 100, warm_seconds: float = 5.0) -> int:
     import torch
 
     from fp8lab.environment import import_te
@@ -64,9 +65,11 @@ def main(rounds: int = 7, iters: int = 50, warm_seconds: float = 5.0) -> int:
             means.append(timing.mean_ms)
             bares.append(bare_loop())
         spread = (max(medians) - min(medians)) / statistics.median(medians)
+        variation = statistics.stdev(medians) / statistics.mean(medians)
         overhead = statistics.median(m / b - 1 for m, b in zip(means, bares))
         print(f"{label}: speedometer medians {[round(m, 3) for m in medians]} ms; bare loop "
-              f"{[round(b, 3) for b in bares]} ms/iter; spread {spread:.2%}; overhead {overhead:+.2%}")
+              f"{[round(b, 3) for b in bares]} ms/iter; spread (max-min)/median {spread:.2%}, "
+              f"coefficient of variation {variation:.2%}; overhead {overhead:+.2%}")
     return 0
 
 
