@@ -182,13 +182,17 @@ def _input_sets(m: int, n: int, k: int, dtype: str, device: torch.device, count:
 
 
 def measure_matmul(m: int, n: int, k: int, dtype: str = "bf16", *, warmup: int = 10, iters: int = 50,
-                   device: torch.device | str | None = None) -> MatmulResult:
+                   layout: str = "tn", device: torch.device | str | None = None) -> MatmulResult:
     """Time ``A @ B`` for ``A: (M, K)``, ``B: (K, N)`` on random data.
 
-    FP8 uses ``torch._scaled_mm`` (E4M3 operands, per-tensor FP32 scales, BF16 output,
-    FP32 accumulation), the same cuBLASLt path TE's GEMMs use. The weight-like operand is
-    stored ``(N, K)`` row-major and passed transposed, as cuBLAS requires for FP8.
+    ``layout="tn"`` stores ``B`` as ``(N, K)`` row-major and passes it transposed, as
+    ``nn.Linear`` does (``x @ W.T``) and as cuBLAS requires for FP8; ``"nn"`` stores ``B``
+    as ``(K, N)`` row-major (BF16/FP32 only). FP8 uses ``torch._scaled_mm`` (E4M3
+    operands, per-tensor FP32 scales, BF16 output, FP32 accumulation), the cuBLASLt path
+    TE's GEMMs use.
     """
+    if layout not in ("tn", "nn"):
+        raise ValueError(f"layout={layout!r}: must be 'tn' or 'nn'")
     for label, value in (("m", m), ("n", n), ("k", k), ("iters", iters)):
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"{label}={value!r}: must be a positive integer")
@@ -197,10 +201,14 @@ def measure_matmul(m: int, n: int, k: int, dtype: str = "bf16", *, warmup: int =
         raise ValueError("dtype='tf32': time an fp32 product with torch.backends.cuda.matmul.allow_tf32=True")
     if key == "fp8" and (k % 16 or n % 16):
         raise ValueError(f"FP8 products need K and N divisible by 16 (got K={k}, N={n})")
+    if key == "fp8" and layout != "tn":
+        raise ValueError("FP8 products need layout='tn' (cuBLAS takes FP8 B only transposed)")
     device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     operand_bytes = (m * k + n * k) * (1 if key == "fp8" else 2)
     count = max(1, min(8, math.ceil(256e6 / operand_bytes))) if device.type == "cuda" else 1
     sets = _input_sets(m, n, k, key, device, count)
+    if layout == "nn":
+        sets = [(a, b.t().contiguous()) for a, b in sets]
     one = torch.ones((), device=device, dtype=torch.float32)
     step = iter(range(10**12))
 
@@ -208,9 +216,9 @@ def measure_matmul(m: int, n: int, k: int, dtype: str = "bf16", *, warmup: int =
         a, b = sets[next(step) % count]
         if key == "fp8":
             return torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-        return a @ b.t()
+        return a @ b if layout == "nn" else a @ b.t()
 
-    timing = time_callable(product, warmup=warmup, iters=iters, device=device, label=f"{key} {m}x{n}x{k}")
+    timing = time_callable(product, warmup=warmup, iters=iters, device=device, label=f"{key} {layout} {m}x{n}x{k}")
     return MatmulResult(m, n, k, key, timing)
 
 

@@ -58,6 +58,14 @@ def test_measured_matmul_on_this_machine(dtype):
     assert result.bytes_moved == in_size * (64 * 48 + 48 * 32) + out_size * 64 * 32
 
 
+def test_nn_layout_for_16_bit_only():
+    assert hardware.measure_matmul(32, 16, 16, "bf16", layout="nn", warmup=0, iters=1).tflops > 0
+    with pytest.raises(ValueError, match="layout='tn'"):
+        hardware.measure_matmul(32, 16, 16, "fp8", layout="nn")
+    with pytest.raises(ValueError, match="layout='tt'"):
+        hardware.measure_matmul(32, 16, 16, layout="tt")
+
+
 def test_matmul_bad_sizes():
     with pytest.raises(ValueError, match="m=0"):
         hardware.measure_matmul(0, 16, 16)
