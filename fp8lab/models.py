@@ -134,6 +134,16 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, **factory)
         if cfg.tied_embeddings:
             self.head.weight = self.embed.weight
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """GPT-2's initialisation: normal(0, 0.02) weights and embeddings, zero biases, unit norms."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         b, s = tokens.shape

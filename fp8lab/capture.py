@@ -1,0 +1,62 @@
+"""Capture the tensors an FP8 cast would see in one training step: weights, activations, gradients.
+
+For every module of the given types (``torch.nn.Linear`` by default; TE's ``Linear`` and
+friends work too), one forward and backward records the GEMM input (activation), the
+weight, the gradient arriving at the module's output, and the weight's gradient. The
+tensors are detached copies on the CPU, named ``"<module>.<kind>"``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+KINDS = ("activation", "weight", "output gradient", "weight gradient")
+
+
+def capture_step(model: nn.Module, forward_and_loss: Callable[[], torch.Tensor],
+                 module_types: Iterable[type] = (nn.Linear,), max_elements: int = 1 << 20) -> dict[str, torch.Tensor]:
+    """Run ``forward_and_loss()`` and its backward; return the captured tensors.
+
+    ``max_elements`` keeps a random subsample of larger tensors (histograms do not need all).
+    """
+    module_types = tuple(module_types)
+    captured: dict[str, torch.Tensor] = {}
+    generator = torch.Generator().manual_seed(0)
+
+    def keep(name: str, tensor: torch.Tensor) -> None:
+        flat = tensor.detach().float().flatten().cpu()
+        if flat.numel() > max_elements:
+            flat = flat[torch.randperm(flat.numel(), generator=generator)[:max_elements]]
+        captured[name] = flat
+
+    handles = []
+    targets = [(name, module) for name, module in model.named_modules() if isinstance(module, module_types)]
+    if not targets:
+        raise ValueError(f"model has no modules of types {[t.__name__ for t in module_types]}")
+    for name, module in targets:
+        handles.append(module.register_forward_hook(
+            lambda mod, inputs, output, name=name: keep(f"{name}.activation", inputs[0])))
+        handles.append(module.register_full_backward_hook(
+            lambda mod, grad_in, grad_out, name=name: keep(f"{name}.output gradient", grad_out[0])))
+    try:
+        loss = forward_and_loss()
+        loss.backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    for name, module in targets:
+        weight = getattr(module, "weight", None)
+        if weight is not None:
+            keep(f"{name}.weight", weight)
+            if weight.grad is not None:
+                keep(f"{name}.weight gradient", weight.grad)
+    return captured
+
+
+def by_kind(captured: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """All captured tensors of each kind, concatenated: ``{"activation": ..., "weight": ...}``."""
+    return {kind: torch.cat([t for n, t in captured.items() if n.endswith("." + kind)])
+            for kind in KINDS if any(n.endswith("." + kind) for n in captured)}

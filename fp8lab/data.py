@@ -1,0 +1,67 @@
+"""Synthetic token data that a small model can learn, for experiments that need no download.
+
+:func:`markov_batches` samples sequences from a fixed random first-order Markov chain whose
+rows are sparse (``branching`` likely successors per token), so the achievable loss is the
+chain's entropy rate, far below ``log V``: a training curve has somewhere to go, and two
+runs (BF16 and FP8, say) can be compared on the same stream of batches.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+
+from fp8lab.config import require_positive_int
+
+
+class MarkovChain:
+    """A random first-order Markov chain over ``vocab_size`` tokens."""
+
+    def __init__(self, vocab_size: int, branching: int = 4, seed: int = 0):
+        require_positive_int("vocab_size", vocab_size)
+        require_positive_int("branching", branching)
+        if branching > vocab_size:
+            raise ValueError(f"branching={branching} must not exceed vocab_size={vocab_size}")
+        generator = torch.Generator().manual_seed(seed)
+        logits = torch.full((vocab_size, vocab_size), float("-inf"))
+        successors = torch.rand(vocab_size, vocab_size, generator=generator).argsort(dim=1)[:, :branching]
+        weights = torch.randn(vocab_size, branching, generator=generator)
+        logits.scatter_(1, successors, weights)
+        self.transition = logits.softmax(dim=1)
+        self.vocab_size = vocab_size
+
+    @property
+    def entropy_rate(self) -> float:
+        """Nats per token under the chain's stationary distribution: the best achievable loss."""
+        p = self.transition
+        stationary = torch.full((self.vocab_size,), 1.0 / self.vocab_size)
+        for _ in range(200):
+            stationary = stationary @ p
+        row_entropy = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(1)
+        return float((stationary * row_entropy).sum())
+
+    def sample(self, batch: int, seq: int, generator: torch.Generator) -> torch.Tensor:
+        tokens = torch.empty(batch, seq, dtype=torch.long)
+        tokens[:, 0] = torch.randint(0, self.vocab_size, (batch,), generator=generator)
+        for t in range(1, seq):
+            tokens[:, t] = torch.multinomial(self.transition[tokens[:, t - 1]], 1, generator=generator).squeeze(1)
+        return tokens
+
+
+def markov_batches(vocab_size: int, batch: int, seq: int, *, branching: int = 4, seed: int = 0,
+                   device=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless ``(inputs, targets)`` pairs of shape ``[B, S]``; the same seed gives the same stream."""
+    require_positive_int("batch", batch)
+    require_positive_int("seq", seq)
+    chain = MarkovChain(vocab_size, branching, seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    while True:
+        tokens = chain.sample(batch, seq + 1, generator)
+        yield tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+
+
+def uniform_loss(vocab_size: int) -> float:
+    """The loss of a model that knows nothing: ``log V`` nats."""
+    return math.log(vocab_size)
