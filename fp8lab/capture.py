@@ -17,7 +17,7 @@ KINDS = ("activation", "weight", "output gradient", "weight gradient")
 
 
 def capture_step(model: nn.Module, forward_and_loss: Callable[[], torch.Tensor],
-                 module_types: Iterable[type] = (nn.Linear,), max_elements: int = 1 << 20) -> dict[str, torch.Tensor]:
+                 module_types: Iterable[type] = (nn.Linear,), max_elements: int = 1 << 16) -> dict[str, torch.Tensor]:
     """Run ``forward_and_loss()`` and its backward; return the captured tensors.
 
     ``max_elements`` keeps a random subsample of larger tensors (histograms do not need all).

@@ -31,6 +31,8 @@ class MarkovChain:
         logits.scatter_(1, successors, weights)
         self.transition = logits.softmax(dim=1)
         self.vocab_size = vocab_size
+        self._successors = successors
+        self._cdf = self.transition.gather(1, successors).cumsum(dim=1)
 
     @property
     def entropy_rate(self) -> float:
@@ -43,10 +45,14 @@ class MarkovChain:
         return float((stationary * row_entropy).sum())
 
     def sample(self, batch: int, seq: int, generator: torch.Generator) -> torch.Tensor:
+        """Sequences ``[B, S]``: inverse-CDF sampling over each token's few successors."""
         tokens = torch.empty(batch, seq, dtype=torch.long)
         tokens[:, 0] = torch.randint(0, self.vocab_size, (batch,), generator=generator)
+        uniforms = torch.rand(seq, batch, 1, generator=generator)
         for t in range(1, seq):
-            tokens[:, t] = torch.multinomial(self.transition[tokens[:, t - 1]], 1, generator=generator).squeeze(1)
+            cdf = self._cdf[tokens[:, t - 1]]
+            choice = torch.searchsorted(cdf, uniforms[t]).clamp(max=cdf.shape[1] - 1)
+            tokens[:, t] = self._successors[tokens[:, t - 1]].gather(1, choice).squeeze(1)
         return tokens
 
 

@@ -53,15 +53,28 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
+def torch_linear(in_features: int, out_features: int, bias: bool, dtype=None, device=None) -> nn.Module:
+    return nn.Linear(in_features, out_features, bias=bias, dtype=dtype, device=device)
+
+
+def te_linear(te):
+    """A ``linear`` factory that builds ``te.Linear`` (FP8 GEMMs under ``te.autocast``) in place of ``nn.Linear``."""
+    def make(in_features: int, out_features: int, bias: bool, dtype=None, device=None) -> nn.Module:
+        return te.Linear(in_features, out_features, bias=bias, params_dtype=dtype,
+                         **({"device": device} if device is not None else {}))
+    return make
+
+
 class PlainTransformerLayer(nn.Module):
     """Pre-norm transformer layer in plain PyTorch: ``x + Attn(Norm(x))``, then ``+ MLP(Norm(.))``.
 
-    Parameter names mirror the TE forms (``qkv``, ``proj``, ``fc1``, ``fc2``) so weights can be copied across.
+    ``linear`` builds the four projections (``nn.Linear`` by default; :func:`te_linear` swaps in
+    ``te.Linear``). Parameter names mirror the TE forms (``qkv``, ``proj``, ``fc1``, ``fc2``).
     """
 
     def __init__(self, cfg: TransformerConfig, *, hidden_dropout: float = 0.1, attention_dropout: float = 0.1,
                  causal: bool = True, attention: str = "sdpa", params_dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, linear=None):
         super().__init__()
         if attention not in ATTENTION_IMPLS:
             raise ValueError(f"attention={attention!r}: must be one of {ATTENTION_IMPLS}")
@@ -70,14 +83,15 @@ class PlainTransformerLayer(nn.Module):
                 raise ValueError(f"{name}={p}: must be in [0, 1)")
         factory = {"dtype": params_dtype, "device": device}
         h = cfg.hidden_size
+        linear = linear or torch_linear
         self.cfg, self.causal, self.attention = cfg, causal, attention
         self.hidden_dropout, self.attention_dropout = hidden_dropout, attention_dropout
         self.input_norm = make_norm(cfg, **factory)
-        self.qkv = nn.Linear(h, h + 2 * cfg.kv_size, bias=cfg.bias, **factory)
-        self.proj = nn.Linear(h, h, bias=cfg.bias, **factory)
+        self.qkv = linear(h, h + 2 * cfg.kv_size, cfg.bias, **factory)
+        self.proj = linear(h, h, cfg.bias, **factory)
         self.mlp_norm = make_norm(cfg, **factory)
-        self.fc1 = nn.Linear(h, cfg.fc1_out, bias=cfg.bias, **factory)
-        self.fc2 = nn.Linear(cfg.ffn_hidden_size, h, bias=cfg.bias, **factory)
+        self.fc1 = linear(h, cfg.fc1_out, cfg.bias, **factory)
+        self.fc2 = linear(cfg.ffn_hidden_size, h, cfg.bias, **factory)
 
     def _attention(self, q, k, v):
         """``q: [B, A, S, D]``, ``k, v: [B, G, S, D]`` -> ``[B, A, S, D]``."""
@@ -140,7 +154,7 @@ class GPT(nn.Module):
     def reset_parameters(self, std: float = 0.02) -> None:
         """GPT-2's initialisation: normal(0, 0.02) weights and embeddings, zero biases, unit norms."""
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
+            if isinstance(module, (nn.Linear, nn.Embedding)) or type(module).__name__ == "Linear":
                 nn.init.normal_(module.weight, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
