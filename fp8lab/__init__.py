@@ -2,11 +2,18 @@
 
 Small modules, one idea each, so the notebooks show the idea and not the plumbing:
 
-* :mod:`fp8lab.environment` -- GPU, torch, TE and FP8 support here; the size preset; the banner
+* :mod:`fp8lab.environment` -- GPU, torch, TE and FP8 support here; the size preset; the banner;
+  ``import_te()`` (real TE on a GPU, the CPU reference elsewhere)
 * :mod:`fp8lab.hardware` -- datasheet peaks and measured ceilings (chapter 00)
 * :mod:`fp8lab.speedometer` -- timing with warm-up, device events, median and spread
-* :mod:`fp8lab.lane` -- the GPU lane: execute, stamp and check the chapters
-* :mod:`fp8lab.book` -- glue numbers from a run into the prose
+* :mod:`fp8lab.config`, :mod:`fp8lab.models` -- transformer shapes with presets; the plain PyTorch
+  layer and a small GPT (``te.Linear`` can be swapped in)
+* :mod:`fp8lab.flops`, :mod:`fp8lab.memory` -- FLOPs, MFU and time-to-train; the memory tree
+* :mod:`fp8lab.formats` -- FP8 bit layouts, rounding and range (chapter 01)
+* :mod:`fp8lab.data`, :mod:`fp8lab.capture` -- a learnable synthetic task; tensors of a training step
+* :mod:`fp8lab.reference` -- a CPU reference of Transformer Engine's API and FP8 numerics
+* :mod:`fp8lab.lane`, :mod:`fp8lab.book` -- the GPU lane's stamps; glue for the prose
+* :mod:`fp8lab.memory_check`, :mod:`fp8lab.speedometer_check` -- checks run on a GPU box
 """
 
 __version__ = "0.1.0"

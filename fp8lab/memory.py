@@ -234,9 +234,7 @@ def estimate(cfg: TransformerConfig, batch: int, seq: int, *, precision: str = "
     per_param = bytes_per_parameter(precision, optimizer if include_optimizer else "none", fp32_grads, hopper)
     layer_params = layer_parameters(cfg)
     gemm_params = sum(v for k, v in layer_params.items() if "norm" not in k)
-    n_layer = sum(layer_params.values())
-    n_total = parameter_count(cfg)
-    n_local = (n_total - n_layer * cfg.num_layers) / tp + n_layer * cfg.num_layers / tp  # norms: approx.
+    n_local = parameter_count(cfg) / tp  # norms are replicated in practice; a small overestimate
 
     tree = MemoryNode(f"{cfg.name}: B={batch}, S={seq}, {precision}, recompute={recompute}")
     state = tree.add("training state")
