@@ -293,7 +293,7 @@ def _group_size(group) -> int:
     return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
 
 
-def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe=None, fp8_group=None, _graph=False):
+def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe=None, fp8_group=None, _graph=False):  # deprecated
     warnings.warn("fp8_autocast is deprecated and will be removed in a future release. "
                   "Use autocast(enabled=..., calibrating=..., recipe=..., group=..., _graph=...) instead.",
                   category=DeprecationWarning, stacklevel=2)
@@ -322,7 +322,7 @@ def quantized_model_init(enabled: bool = True, recipe: Optional[recipes.Recipe] 
 
 
 @contextlib.contextmanager
-def fp8_model_init(enabled: bool = True, recipe=None, preserve_high_precision_init_val: bool = False):
+def fp8_model_init(enabled: bool = True, recipe=None, preserve_high_precision_init_val: bool = False):  # deprecated
     warnings.warn("fp8_model_init is deprecated and will be removed in a future release. "
                   "Use quantized_model_init(enabled=..., recipe=..., preserve_high_precision_init_val=...) instead.",
                   category=DeprecationWarning, stacklevel=3)
