@@ -165,7 +165,7 @@ class _GemmModule(nn.Module):
                 recipe.delayed() and self.fp8_meta["scaling_fwd"].amax_history.shape[0] != recipe.amax_history_len):
             self.fp8_meta = make_fp8_meta(recipe)
         # one meta per GEMM so each weight keeps its own history, as in TE's multi-GEMM modules
-        meta = self.fp8_meta if name in ("weight",) else self.fp8_meta.setdefault(name, make_fp8_meta(recipe))
+        meta = self.fp8_meta if name == "weight" else self.fp8_meta.setdefault(name, make_fp8_meta(recipe))
         bwd_metas = q.register_module_metas(meta, recipe)
         cached = self._weight_cache.get(name) if is_first_microbatch is False else None
         out, wq = _FP8Gemm.apply(x2d, weight, bias, recipe, meta, cached, self.fuse_wgrad_accumulation,
@@ -175,39 +175,41 @@ class _GemmModule(nn.Module):
         return out
 
 
-class LayerNorm(nn.Module):
-    """``te.LayerNorm(hidden_size, eps=1e-5, zero_centered_gamma=False)``, computed in FP32."""
+def _norm_weight(size: int, zero_centered_gamma: bool, dtype, device) -> nn.Parameter:
+    """A norm's gamma: ones, or zeros when TE stores it zero-centred (gamma = 1 + weight)."""
+    return nn.Parameter(torch.full((size,), 0.0 if zero_centered_gamma else 1.0, dtype=dtype, device=device))
+
+
+class _Norm(nn.Module):
+    """What ``te.LayerNorm`` and ``te.RMSNorm`` share: their arguments, gamma and (LayerNorm) beta."""
+
+    kind = "LayerNorm"
 
     def __init__(self, hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
                  params_dtype: Optional[torch.dtype] = None, zero_centered_gamma: bool = False,
                  device=None, **extra):
         super().__init__()
-        _refuse_unknown("LayerNorm", extra)
-        check_parallel("LayerNorm", sequence_parallel=sequence_parallel)
+        _refuse_unknown(self.kind, extra)
+        check_parallel(self.kind, sequence_parallel=sequence_parallel)
         dtype = params_dtype or torch.get_default_dtype()
         device = _device(device)
         self.eps, self.zero_centered_gamma = eps, zero_centered_gamma
-        self.weight = nn.Parameter(torch.full((hidden_size,), 0.0 if zero_centered_gamma else 1.0,
-                                              dtype=dtype, device=device))
-        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
+        self.weight = _norm_weight(hidden_size, zero_centered_gamma, dtype, device)
+        self.bias = (nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
+                     if self.kind == "LayerNorm" else None)
+
+
+class LayerNorm(_Norm):
+    """``te.LayerNorm(hidden_size, eps=1e-5, zero_centered_gamma=False)``, computed in FP32."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return layer_norm(x, self.weight, self.bias, self.eps, self.zero_centered_gamma)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(_Norm):
     """``te.RMSNorm(hidden_size, eps=1e-5, zero_centered_gamma=False)``, computed in FP32."""
 
-    def __init__(self, hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
-                 params_dtype: Optional[torch.dtype] = None, zero_centered_gamma: bool = False,
-                 device=None, **extra):
-        super().__init__()
-        _refuse_unknown("RMSNorm", extra)
-        check_parallel("RMSNorm", sequence_parallel=sequence_parallel)
-        dtype = params_dtype or torch.get_default_dtype()
-        self.eps, self.zero_centered_gamma = eps, zero_centered_gamma
-        self.weight = nn.Parameter(torch.full((hidden_size,), 0.0 if zero_centered_gamma else 1.0,
-                                              dtype=dtype, device=_device(device)))
+    kind = "RMSNorm"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps, self.zero_centered_gamma)
@@ -313,8 +315,7 @@ class LayerNormLinear(_GemmModule):
         self.normalization, self.eps, self.zero_centered_gamma = normalization, eps, zero_centered_gamma
         self.return_bias, self.return_layernorm_output = return_bias, return_layernorm_output
         self.in_features, self.out_features = in_features, out_features
-        self.layer_norm_weight = nn.Parameter(torch.full((in_features,), 0.0 if zero_centered_gamma else 1.0,
-                                                         dtype=dtype, device=device))
+        self.layer_norm_weight = _norm_weight(in_features, zero_centered_gamma, dtype, device)
         self.layer_norm_bias = (nn.Parameter(torch.zeros(in_features, dtype=dtype, device=device))
                                 if normalization == "LayerNorm" else None)
         if parameters_split is None:
@@ -402,8 +403,7 @@ class LayerNormMLP(_GemmModule):
         self.normalization, self.activation, self.eps = normalization, activation, eps
         self.zero_centered_gamma, self.return_bias = zero_centered_gamma, return_bias
         self.return_layernorm_output = return_layernorm_output
-        self.layer_norm_weight = nn.Parameter(torch.full((hidden_size,), 0.0 if zero_centered_gamma else 1.0,
-                                                         dtype=dtype, device=device))
+        self.layer_norm_weight = _norm_weight(hidden_size, zero_centered_gamma, dtype, device)
         self.layer_norm_bias = (nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
                                 if normalization == "LayerNorm" else None)
         fc1_out = 2 * ffn_hidden_size if gated else ffn_hidden_size
