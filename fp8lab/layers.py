@@ -17,7 +17,7 @@ same causal mask and the same dropout (TE's defaults: causal, 0.1 after attentio
 on the attention probabilities), and computes the same function: :func:`canonical_state_dict`
 and :func:`load_canonical_state_dict` move weights between forms under one set of names
 (``input_norm``, ``qkv``, ``proj``, ``mlp_norm``, ``fc1``, ``fc2``; QKV rows ordered as all
-query heads, then keys, then values -- TE's order with ``fuse_qkv_params=False``).
+query heads, then keys, then values -- TE's order with ``qkv_weight_interleaved=False``).
 
 Rotary embeddings follow TE's convention: ``rotary`` is a tensor of angles ``[S, 1, 1, D]``
 (:func:`rotary_angles`), rotated "half against half".
@@ -189,7 +189,11 @@ class TEModulesLayer(nn.Module):
 
 
 class TETransformerLayer(nn.Module):
-    """Form ``te_layer``: one ``te.TransformerLayer``, called with the book's ``(x, rotary)`` signature."""
+    """Form ``te_layer``: one ``te.TransformerLayer``, called with the book's ``(x, rotary)`` signature.
+
+    QKV is one fused parameter (``fuse_qkv_params=True``, which ``fuse_wgrad_accumulation`` requires)
+    with rows in the canonical order (``qkv_weight_interleaved=False``).
+    """
 
     def __init__(self, cfg: TransformerConfig, te, *, hidden_dropout: float = 0.1, attention_dropout: float = 0.1,
                  causal: bool = True, params_dtype: torch.dtype = torch.float32,
@@ -201,8 +205,8 @@ class TETransformerLayer(nn.Module):
             cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_attention_heads, num_gqa_groups=cfg.groups,
             hidden_dropout=hidden_dropout, attention_dropout=attention_dropout,
             self_attn_mask_type="causal" if causal else "no_mask", bias=cfg.bias, activation=cfg.activation,
-            normalization=cfg.normalization, params_dtype=params_dtype,
-            fuse_wgrad_accumulation=fuse_wgrad_accumulation, **({"device": device} if device is not None else {}))
+            normalization=cfg.normalization, params_dtype=params_dtype, fuse_qkv_params=True,
+            qkv_weight_interleaved=False, fuse_wgrad_accumulation=fuse_wgrad_accumulation, **({"device": device} if device is not None else {}))
 
     def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None) -> torch.Tensor:
         return self.layer(x, rotary_pos_emb=rotary)
@@ -227,57 +231,46 @@ def build_layer(form: str, cfg: TransformerConfig, te=None, **kwargs) -> nn.Modu
     return (TEModulesLayer if form == "te_modules" else TETransformerLayer)(cfg, te, **kwargs)
 
 
-def _names(layer: nn.Module) -> dict[str, str | tuple[str, ...]]:
-    """Canonical name -> the layer's own parameter name (a tuple where TE splits one tensor in parts)."""
+def _names(layer: nn.Module) -> dict[str, str]:
+    """Canonical name -> the layer's own parameter name."""
     if isinstance(layer, PlainTransformerLayer):
         return {name: name for name in CANONICAL_NAMES}
     if isinstance(layer, TEModulesLayer):
-        qkv, mlp = "qkv.", "mlp."
-        qkv_weight, qkv_bias = qkv + "weight", qkv + "bias"
+        qkv, proj, mlp = "qkv.", "proj.", "mlp."
     elif isinstance(layer, TETransformerLayer):
-        qkv, mlp = "layer.self_attention.layernorm_qkv.", "layer.layernorm_mlp."
-        qkv_weight = tuple(f"{qkv}{part}_weight" for part in ("query", "key", "value"))
-        qkv_bias = tuple(f"{qkv}{part}_bias" for part in ("query", "key", "value"))
+        qkv, proj, mlp = "layer.self_attention.layernorm_qkv.", "layer.self_attention.proj.", "layer.layernorm_mlp."
     else:
         raise TypeError(f"{type(layer).__name__} is not one of the book's layer forms")
-    proj = "proj." if isinstance(layer, TEModulesLayer) else "layer.self_attention.proj."
     return {"input_norm.weight": qkv + "layer_norm_weight", "input_norm.bias": qkv + "layer_norm_bias",
-            "qkv.weight": qkv_weight, "qkv.bias": qkv_bias, "proj.weight": proj + "weight", "proj.bias": proj + "bias",
-            "mlp_norm.weight": mlp + "layer_norm_weight", "mlp_norm.bias": mlp + "layer_norm_bias",
-            "fc1.weight": mlp + "fc1_weight", "fc1.bias": mlp + "fc1_bias",
+            "qkv.weight": qkv + "weight", "qkv.bias": qkv + "bias", "proj.weight": proj + "weight",
+            "proj.bias": proj + "bias", "mlp_norm.weight": mlp + "layer_norm_weight",
+            "mlp_norm.bias": mlp + "layer_norm_bias", "fc1.weight": mlp + "fc1_weight", "fc1.bias": mlp + "fc1_bias",
             "fc2.weight": mlp + "fc2_weight", "fc2.bias": mlp + "fc2_bias"}
 
 
 def canonical_state_dict(layer: nn.Module, grad: bool = False) -> dict[str, torch.Tensor]:
-    """The layer's weights (or, with ``grad=True``, their gradients) under the canonical names, as copies."""
+    """The layer's weights (or, with ``grad=True``, their FP32 gradients) under the canonical names, as copies."""
     own = dict(layer.named_parameters())
     state = {}
     for canonical, name in _names(layer).items():
-        parts = [own.get(n) for n in (name if isinstance(name, tuple) else (name,))]
-        if any(p is None for p in parts):
+        if name not in own:
             continue
-        tensors = [p.grad if grad else p.detach() for p in parts]
-        if grad and any(t is None for t in tensors):
+        if grad and own[name].grad is None:
             raise ValueError(f"{canonical} has no gradient: run a backward pass first")
-        state[canonical] = torch.cat([t.float() if grad else t for t in tensors]).clone()
+        state[canonical] = (own[name].grad.float() if grad else own[name].detach()).clone()
     return state
 
 
 @torch.no_grad()
 def load_canonical_state_dict(layer: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Copy canonical weights into a layer of any form; shapes and the set of names must match exactly."""
+    """Copy canonical weights into a layer of any form; the set of names and the shapes must match exactly."""
     own = dict(layer.named_parameters())
-    expected = {c for c, n in _names(layer).items()
-                if all(p in own for p in (n if isinstance(n, tuple) else (n,)))}
-    if set(state) != expected:
-        raise ValueError(f"state names {sorted(set(state) ^ expected)} do not match this "
-                         f"{type(layer).__name__} (expected {sorted(expected)})")
-    for canonical, name in _names(layer).items():
-        if canonical not in state:
-            continue
-        parts = [own[n] for n in (name if isinstance(name, tuple) else (name,))]
-        source = state[canonical]
-        if source.shape[0] != sum(p.shape[0] for p in parts) or source.shape[1:] != parts[0].shape[1:]:
-            raise ValueError(f"{canonical}: shape {tuple(source.shape)} does not fit {type(layer).__name__}")
-        for part, chunk in zip(parts, source.split([p.shape[0] for p in parts])):
-            part.copy_(chunk)
+    names = {canonical: name for canonical, name in _names(layer).items() if name in own}
+    if set(state) != set(names):
+        raise ValueError(f"state names {sorted(set(state) ^ set(names))} do not match this "
+                         f"{type(layer).__name__} (expected {sorted(names)})")
+    for canonical, name in names.items():
+        if state[canonical].shape != own[name].shape:
+            raise ValueError(f"{canonical}: shape {tuple(state[canonical].shape)} does not fit "
+                             f"{type(layer).__name__} ({tuple(own[name].shape)})")
+        own[name].copy_(state[canonical])

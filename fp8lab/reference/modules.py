@@ -91,9 +91,10 @@ class _FP8Gemm(torch.autograd.Function):
     """``y = x @ w.T + b`` with TE's FP8 semantics (x: [tokens, in], w: [out, in])."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe, meta, cached_weight, fuse_wgrad, reduce_bwd, bwd_metas, out_dtype):
+    def forward(ctx, x, weight, bias, recipe, meta, cached_weight, fuse_wgrad, reduce_bwd, bwd_metas, out_dtype,
+                x_amax):
         q.assert_dim_for_fp8_exec(x, weight)
-        xq = q.quantize_operand(x, "input", recipe, meta)
+        xq = q.quantize_operand(x, "input", recipe, meta, amax=x_amax)
         wq = cached_weight if cached_weight is not None else q.quantize_operand(weight, "weight", recipe, meta)
         out = xq @ wq.t()
         if bias is not None:
@@ -122,7 +123,7 @@ class _FP8Gemm(torch.autograd.Function):
             grad_weight = wgrad.to(weight.dtype)
         if ctx.reduce_bwd:
             q.update_backward_metas(ctx.bwd_metas)
-        return grad_x, grad_weight, grad_bias, None, None, None, None, None, None, None
+        return grad_x, grad_weight, grad_bias, None, None, None, None, None, None, None, None
 
 
 class _MainGradAccumulate(torch.autograd.Function):
@@ -150,9 +151,11 @@ class _GemmModule(nn.Module):
         self._weight_cache: dict[str, torch.Tensor] = {}
 
     def _gemm(self, x2d: torch.Tensor, weight: nn.Parameter, bias: Optional[torch.Tensor], name: str,
-              is_first_microbatch: Optional[bool], out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+              is_first_microbatch: Optional[bool], out_dtype: Optional[torch.dtype] = None,
+              input_amax: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x2d @ weight.T + bias``; under autocast an FP8 GEMM whose output has ``out_dtype``
-        (default: the input's; fused producers hand over FP32 values, as TE's fused casts do)."""
+        (default: the input's; fused producers hand over FP32 values, as TE's fused casts do).
+        ``input_amax``: the amax a producing kernel measured before rounding its output to 16 bits."""
         if self.fuse_wgrad_accumulation and not hasattr(weight, "main_grad"):
             raise RuntimeError(f"fuse_wgrad_accumulation=True needs {name}.main_grad (an FP32 tensor of the "
                                "weight's shape) to be set before the backward")
@@ -169,7 +172,7 @@ class _GemmModule(nn.Module):
         bwd_metas = q.register_module_metas(meta, recipe)
         cached = self._weight_cache.get(name) if is_first_microbatch is False else None
         out, wq = _FP8Gemm.apply(x2d, weight, bias, recipe, meta, cached, self.fuse_wgrad_accumulation,
-                                 bwd_metas is not None, bwd_metas, out_dtype or x2d.dtype)
+                                 bwd_metas is not None, bwd_metas, out_dtype or x2d.dtype, input_amax)
         if is_first_microbatch is not None and cached is None:
             self._weight_cache[name] = wq.detach()
         return out
@@ -425,11 +428,18 @@ class LayerNormMLP(_GemmModule):
             # FC1 writes 16 bits; its gradient reaches FC1's FP8 cast in FP32 where TE fuses dGeLU and cast
             fused_backward = self.activation == "gelu" and fused_cast("gelu backward")
             hidden = _RoundForward.apply(hidden, dtype) if fused_backward else hidden.to(dtype).float()
-        # TE computes the activation in FP32; where it fuses activation and cast, that result is quantized
+        # TE computes the activation in FP32; where it fuses activation and cast, that result is quantized;
+        # under current scaling it writes 16 bits but takes the amax of the FP32 values (one kernel)
         activated = apply_activation(hidden.float(), self.activation)
-        hidden = activated if fused_cast("activation") else activated.to(dtype)
+        amax = None
+        if fused_cast("activation"):
+            hidden = activated
+        else:
+            hidden = activated.to(dtype)
+            if q.STATE.enabled and isinstance(q.STATE.recipe, recipes.Float8CurrentScaling):
+                amax = q.amax_of(activated.detach())
         out = self._gemm(hidden, self.fc2_weight, None if self.return_bias else self.fc2_bias, "fc2_weight",
-                         is_first_microbatch, dtype)
+                         is_first_microbatch, dtype, input_amax=amax)
         out = out.reshape(*inp.shape)
         result = (out, self.fc2_bias) if self.return_bias else (out,)
         if self.return_layernorm_output:
