@@ -6,8 +6,9 @@ Small modules, one idea each, so the notebooks show the idea and not the plumbin
   ``import_te()`` (real TE on a GPU, the CPU reference elsewhere)
 * :mod:`fp8lab.hardware` -- datasheet peaks and measured ceilings (chapter 00)
 * :mod:`fp8lab.speedometer` -- timing with warm-up, device events, median and spread
-* :mod:`fp8lab.config`, :mod:`fp8lab.models` -- transformer shapes with presets; the plain PyTorch
-  layer and a small GPT (``te.Linear`` can be swapped in)
+* :mod:`fp8lab.config`, :mod:`fp8lab.layers`, :mod:`fp8lab.models` -- transformer shapes with presets;
+  one layer in four forms (PyTorch, ``te.Linear``, TE fused modules, ``te.TransformerLayer``); a small GPT
+* :mod:`fp8lab.profiling` -- where a step's time goes, by kind of kernel (chapter 03)
 * :mod:`fp8lab.flops`, :mod:`fp8lab.memory` -- FLOPs, MFU and time-to-train; the memory tree
 * :mod:`fp8lab.formats` -- FP8 bit layouts, rounding and range (chapter 01)
 * :mod:`fp8lab.data`, :mod:`fp8lab.capture` -- a learnable synthetic task; tensors of a training step

@@ -246,3 +246,24 @@ def measure_copy_bandwidth(nbytes: int, *, warmup: int = 5, iters: int = 30,
     timing = time_callable(lambda: target.copy_(source), warmup=warmup, iters=iters, device=device,
                            label=f"copy {nbytes / 2**20:.0f} MiB")
     return CopyResult(nbytes, timing)
+
+
+def measure_ceilings(sizes: tuple[int, ...] | None = None, *, copy_bytes: int | None = None, iters: int = 30,
+                     device: torch.device | str | None = None) -> dict[str, float]:
+    """The best BF16 and FP8 matrix-product rates (TFLOP/s) over square ``sizes``, and copy bandwidth (GB/s).
+
+    A quick re-measurement of chapter 00's ceilings for a chapter that reports MFU against them.
+    Defaults: sizes 4096 and 8192 and a 1 GiB copy on a GPU; 256 and 512 and 64 MiB on a CPU.
+    FP8 is measured only where the device has FP8 tensor cores or is a CPU (emulated there).
+    """
+    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.type == "cuda"
+    sizes = sizes or ((4096, 8192) if cuda else (256, 512))
+    copy_bytes = copy_bytes or (2**30 if cuda else 2**26)
+    dtypes = ["bf16"]
+    if not cuda or torch.cuda.get_device_capability(device) >= (8, 9):
+        dtypes.append("fp8")
+    ceilings = {dtype: max(measure_matmul(n, n, n, dtype, iters=iters, device=device).tflops for n in sizes)
+                for dtype in dtypes}
+    ceilings["bandwidth_gbs"] = measure_copy_bandwidth(copy_bytes, iters=iters, device=device).gbs
+    return ceilings
