@@ -23,8 +23,8 @@ CATEGORIES: tuple[tuple[str, re.Pattern], ...] = (
     ("attention", re.compile(r"flash|fmha|sdpa|attention|softmax|dot_do_o|convert_dq|_efficient_attention", re.I)),
     ("GEMM", re.compile(r"gemm|nvjet|cutlass|sm90_xmma|ampere_|aten::(mm|addmm|bmm|matmul|linear|_scaled_mm)\b|"
                         r"cublas", re.I)),
-    ("FP8 cast / amax / transpose", re.compile(r"cast|quantiz|amax|transpose|fp8|scale_update|scale_inv|"
-                                               r"fp8lab.*round", re.I)),
+    ("FP8 cast / amax / transpose", re.compile(r"(?<!no)cast|quantiz|amax|transpose|fp8|scale_update|scale_inv",
+                                               re.I)),
     ("norm", re.compile(r"norm", re.I)),
     ("element-wise (dropout, adds, copies)",
      re.compile(r"elementwise|dropout|add|mul|copy|gelu|silu|triton|unary|binary|reduce|sum|fill|memset|memcpy|"
