@@ -356,7 +356,6 @@ def quantize_operand(x2d: torch.Tensor, role: str, recipe: recipes.Recipe, meta:
     the other dimension there); per-tensor copies are identical either way. ``amax`` replaces
     the operand's own (per-tensor recipes), for kernels that measure it before rounding to 16 bits.
     """
-    amax = amax_of(x2d) if amax is None else amax
     slot, backward = ROLES[role]
     dtype = fp8_dtype(recipe.fp8_format, backward)
     if isinstance(recipe, recipes.DelayedScaling):
@@ -368,10 +367,10 @@ def quantize_operand(x2d: torch.Tensor, role: str, recipe: recipes.Recipe, meta:
             if STATE.checkpoint_phase == "forward" and not backward:
                 scaling.stash.append(scaling.scale.clone())
             if STATE.checkpoint_phase != "recompute" and not columnwise:
-                scaling.amax_history[0, slot] = amax
+                scaling.amax_history[0, slot] = amax_of(x2d) if amax is None else amax
         return quantize_per_tensor(x2d, scale, dtype).dequantize()
     if isinstance(recipe, recipes.Float8CurrentScaling):
-        scale = scale_from_amax(amax, fp8_max(dtype), recipe.use_power_2_scales)
+        scale = scale_from_amax(amax_of(x2d) if amax is None else amax, fp8_max(dtype), recipe.use_power_2_scales)
         return quantize_per_tensor(x2d, scale, dtype).dequantize()
     if isinstance(recipe, recipes.Float8BlockScaling):
         two_d = (recipe.w_block_scaling_dim if role == "weight" else
