@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fp8lab import import_te
-from fp8lab.config import TransformerConfig
+from fp8lab.config import TransformerConfig, pad_vocab
 from fp8lab.environment import detect
 from fp8lab.layers import (FORMS, build_layer, canonical_state_dict, load_canonical_state_dict, rotary_angles)
 from fp8lab.models import GPT
@@ -96,7 +96,7 @@ def test_fp8_forms_agree_under_autocast():
 
 
 def test_gpt_from_any_form():
-    cfg = TransformerConfig(128, 512, 4, num_layers=2, vocab_size=pad_vocab_size(), max_seq_len=64)
+    cfg = TransformerConfig(128, 512, 4, num_layers=2, vocab_size=pad_vocab(1000, 64), max_seq_len=64)
     torch.manual_seed(0)
     models = {form: GPT(cfg, form=form, te=TE, params_dtype=torch.bfloat16, device=DEVICE, hidden_dropout=0.0,
                         attention_dropout=0.0) for form in FORMS}
@@ -110,12 +110,6 @@ def test_gpt_from_any_form():
     for form in FORMS[1:]:
         ERRORS[f"gpt/{form}/logits"] = error = rel_error(logits[form], logits["pytorch"])
         assert error < OUTPUT_BOUND, (form, error)
-
-
-def pad_vocab_size():
-    from fp8lab.config import pad_vocab
-
-    return pad_vocab(1000, 64)
 
 
 def test_rms_rope_gpt_and_untied_head():
