@@ -34,6 +34,28 @@ def test_scale_from_amax_edge_cases():
     assert q.scale_from_amax(torch.tensor(3.0), 448.0, power_of_2=True).item() == 128.0
 
 
+def test_scales_are_correctly_rounded_divisions():
+    """TE divides in FP32 with one rounding; ``float / tensor`` in PyTorch rounds twice."""
+    amaxes = torch.cat([torch.tensor([4.59375, 1.515625]), torch.rand(2000) * 10]).to(torch.bfloat16).float()
+    for fp8_max in (448.0, 57344.0):
+        exact = (torch.tensor(fp8_max, dtype=torch.float64) / amaxes.double()).float()
+        assert torch.equal(q.scale_from_amax(amaxes, fp8_max), exact)
+        meta = q.ScalingMeta.create(1, amaxes.numel())
+        meta.amax_history[0] = amaxes
+        meta.update(fp8_max, recipe.DelayedScaling(amax_history_len=1, margin=1))
+        assert torch.equal(meta.scale, exact / 2)
+    assert q.scale_from_amax(torch.tensor(4.59375), 57344.0).item() == 12483.0478515625  # not 12483.046875
+    x = torch.randn(1 << 16).clamp(-4.59375, 4.59375).to(torch.bfloat16).float()  # amax 4.59375 = 147 / 32
+    x[0] = 4.59375
+    scale = q.scale_from_amax(q.amax_of(x), 57344.0)
+    one_ulp_less = torch.nextafter(scale, torch.tensor(0.0))
+    flipped = (q.cast_to_fp8(x, scale, torch.float8_e5m2).view(torch.uint8)
+               != q.cast_to_fp8(x, one_ulp_less, torch.float8_e5m2).view(torch.uint8)).float().mean().item()
+    assert 0.004 < flipped < 0.008  # values on an exact tie (about 0.6%): the ulp decides their rounding
+    just_below_1024 = torch.tensor(448.0) / torch.nextafter(torch.tensor(1024.0), torch.tensor(0.0))
+    assert q.scale_from_amax(just_below_1024, 448.0, power_of_2=True).item() == 512.0
+
+
 def test_delayed_scaling_update_follows_te():
     meta = q.ScalingMeta.create(4, 1)
     r = recipe.DelayedScaling(amax_history_len=4, margin=1)

@@ -1,13 +1,15 @@
 """Parity of the CPU reference with Transformer Engine, run on a GPU with TE (skipped elsewhere).
 
 Same weights and inputs on both sides: TE on the GPU, the reference on the CPU. Bounds:
-quantized FP8 bytes identical for the same scale; delayed-scaling amax history and scale
-after 10 steps identical; outputs within relative error 1e-2 and gradients within 2e-2.
+quantized FP8 bytes and scales identical; delayed-scaling amax history and scale after 10 steps
+identical; outputs within relative error 1e-2 and gradients within 2e-2 (see
+``test_forward_and_gradients_match_te`` for the gradients TE itself cannot reproduce that well).
 Set ``FP8LAB_PARITY_REPORT=path.json`` to write the measured errors.
 """
 
 import json
 import os
+import statistics
 
 import pytest
 import torch
@@ -68,6 +70,21 @@ def test_delayed_and_current_scaling_bytes_identical(te, fp8_dtype):
     assert torch.equal(te_current._data.cpu(), q.cast_to_fp8(x.cpu(), ref_scale, fp8_dtype).view(torch.uint8))
 
 
+@pytest.mark.parametrize("amax", [4.59375, 1.515625, 3.0, 0.1, 1e-30])
+def test_current_scaling_scale_bit_identical(te, amax):
+    """The scale is ``fp8_max / amax`` correctly rounded in FP32; one ulp off flips FP8 ties."""
+    from transformer_engine.pytorch.constants import DType
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer
+
+    from fp8lab.reference import quantization as q
+
+    x = torch.zeros(16, 32, device="cuda")
+    x[3, 5] = -amax
+    te_tensor = Float8CurrentScalingQuantizer(DType.kFloat8E5M2, torch.device("cuda"))(x)
+    ref_scale = q.scale_from_amax(q.amax_of(x.cpu()), q.fp8_max(torch.float8_e5m2))
+    assert torch.equal(te_tensor._scale_inv.cpu().reshape(()), (1 / ref_scale).reshape(()))
+
+
 def test_delayed_scaling_history_after_ten_steps(te, te_recipe):
     from fp8lab import reference as ref_te
 
@@ -89,8 +106,8 @@ def test_delayed_scaling_history_after_ten_steps(te, te_recipe):
     for direction in ("scaling_fwd", "scaling_bwd"):
         te_meta, ref_meta = te_linear.fp8_meta[direction], ref_linear.fp8_meta[direction]
         slots = ref_meta.amax_history.shape[1]
-        torch.testing.assert_close(te_meta.amax_history[:, :slots].cpu(), ref_meta.amax_history, rtol=1e-6, atol=0)
-        torch.testing.assert_close(te_meta.scale[:slots].cpu(), ref_meta.scale, rtol=1e-6, atol=0)
+        torch.testing.assert_close(te_meta.amax_history[:, :slots].cpu(), ref_meta.amax_history, rtol=0, atol=0)
+        torch.testing.assert_close(te_meta.scale[:slots].cpu(), ref_meta.scale, rtol=0, atol=0)
     ERRORS["delayed history/scale max rel diff"] = max(
         rel_error(te_linear.fp8_meta[d].scale[:2], ref_linear.fp8_meta[d].scale[:2]) for d in ("scaling_fwd", "scaling_bwd"))
 
@@ -115,55 +132,139 @@ def nudge(x: torch.Tensor, fraction: float = 1e-3, seed: int = 7) -> torch.Tenso
     return bits.view(torch.bfloat16)
 
 
-CHAINED = "chained FP8 casts: a last-bit difference before a cast moves the amax and so every element's " \
-          "rounding; TE against itself with one-ulp input changes shows the same spread (reported as 'TE floor')"
+def training_steps(kind: str, count: int = 3, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(input, output gradient) pairs; with delayed scaling the third step uses scales from the history."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (64, 2, 256) if kind == "TransformerLayer" else (128, 256)
+    out_features = 384 if kind in ("Linear", "LayerNormLinear") else 256
+    return [(torch.randn(shape, generator=generator).to(torch.bfloat16),
+             torch.randn(*shape[:-1], out_features, generator=generator).to(torch.bfloat16)) for _ in range(count)]
+
+
+def fp32_forward_accumulation(monkeypatch, te_recipe, recipe_name):
+    """TE's forward FP8 GEMMs accumulating in FP32, as the reference does.
+
+    On Hopper, TE runs the forward FP8 GEMM with cuBLAS fast accumulation by default
+    (``use_split_accumulator=False``), which rounds partial sums to less than FP32; the backward
+    GEMMs already accumulate in FP32. ``Float8CurrentScaling`` exposes the switch as
+    ``fp8_gemm_fprop``; ``DelayedScaling`` has no such field, so the modules' default
+    (``_2X_ACC_FPROP``) is switched instead. Returns the recipe to use.
+    """
+    for name in ("linear", "layernorm_linear", "layernorm_mlp"):
+        monkeypatch.setattr(f"transformer_engine.pytorch.module.{name}._2X_ACC_FPROP", True)
+    if recipe_name == "current":
+        return te_recipe.Float8CurrentScaling(fp8_gemm_fprop=te_recipe.MMParams(use_split_accumulator=True))
+    return te_recipe.DelayedScaling()
+
+
+def run_steps(module, autocast, recipe, steps, device, last_input=None):
+    """Train-step ``module`` through ``steps`` (no optimizer) and return the last step's output,
+    input gradient and parameter gradients, all in FP32 on the CPU."""
+    for index, (x, dy) in enumerate(steps):
+        if index == len(steps) - 1 and last_input is not None:
+            x = last_input
+        x = x.detach().to(device).clone().requires_grad_()
+        module.zero_grad(set_to_none=True)
+        with autocast(enabled=recipe is not None, recipe=recipe):
+            out = module(x)
+        out.backward(dy.to(device))
+    result = {"output": out, "input grad": x.grad}
+    result.update({f"grad {name}": p.grad for name, p in module.named_parameters()})
+    return {k: v.detach().float().cpu() for k, v in result.items()}
+
+
+def differences(actual: dict, expected: dict) -> dict:
+    return {k: rel_error(actual[k], expected[k]) for k in expected if expected[k].norm() > 0}
+
+
+ACCUMULATION_NOTE = (
+    "The reference accumulates FP8 GEMMs in FP32, so it is compared with TE doing the same; TE's default "
+    "forward accumulation on Hopper is reported beside it. TE's own floor is how far TE moves from itself "
+    "when nothing in the math changes: its two forward accumulation modes, and one BF16 ulp added to 0.1% of "
+    "the last input. Chained FP8 casts make some quantities this sensitive: a last-bit change before a cast "
+    "can move the amax, hence the scale, hence the rounding of every element (E5M2 gradients most of all).")
+FLOOR_FACTOR = 1.5
+
+
+def compare_with_te(te, te_recipe, monkeypatch, kind: str, recipe_name: str, seed: int = 1):
+    """Run TE (default and FP32 forward accumulation, and once with a one-ulp input change) and the
+    reference through the same steps from the same weights. Returns the reference's relative errors
+    against TE with FP32 accumulation and with its default, TE's floors, and the largest floor."""
+    from fp8lab import reference as ref_te
+
+    steps = training_steps(kind, seed=seed)
+    dtype = torch.bfloat16
+
+    torch.manual_seed(1)
+    initial = build(kind, te, dtype)
+    ref_module = build(kind, ref_te, dtype)
+    copy_weights(initial, ref_module)
+
+    def te_run(recipe, last_input=None):
+        module = build(kind, te, dtype)
+        module.load_state_dict(initial.state_dict())
+        return run_steps(module, te.autocast, recipe, steps, "cuda", last_input)
+
+    te_default = te_run({"bf16": None, "delayed": te_recipe.DelayedScaling(),
+                         "current": te_recipe.Float8CurrentScaling()}[recipe_name])
+    ref_recipe = {"bf16": None, "delayed": ref_te.recipe.DelayedScaling(),
+                  "current": ref_te.recipe.Float8CurrentScaling()}[recipe_name]
+    ref_result = run_steps(ref_module, ref_te.autocast, ref_recipe, steps, "cpu")
+    if recipe_name == "bf16":  # BF16 GEMMs accumulate in FP32 in either mode
+        te_fp32 = te_default
+        floors = {"one ulp": differences(te_run(None, nudge(steps[-1][0])), te_default)}
+    else:
+        with monkeypatch.context() as patch:
+            te_fp32_recipe = fp32_forward_accumulation(patch, te_recipe, recipe_name)
+            te_fp32 = te_run(te_fp32_recipe)
+            floors = {"one ulp": differences(te_run(te_fp32_recipe, nudge(steps[-1][0])), te_fp32),
+                      "accumulation": differences(te_default, te_fp32)}
+    floor = {k: max(f[k] for f in floors.values()) for k in floors["one ulp"]}
+    errors = differences(ref_result, te_fp32)
+    errors_default = differences(ref_result, te_default)
+    return errors, errors_default, floors, floor
+
+
+SEEDS = (1, 2, 3, 4, 5)
 
 
 @pytest.mark.parametrize("recipe_name", ["bf16", "delayed", "current"])
 @pytest.mark.parametrize("kind", ["Linear", "LayerNormLinear", "LayerNormMLP", "TransformerLayer"])
-def test_forward_and_gradients_match_te(te, te_recipe, kind, recipe_name):
-    from fp8lab import reference as ref_te
+def test_forward_and_gradients_match_te(te, te_recipe, monkeypatch, kind, recipe_name):
+    """Over ``SEEDS`` (input draws): outputs within 1e-2 and input gradients within 2e-2 of TE for
+    every draw; each parameter gradient's median error within 2e-2, or, where TE's own median
+    floor (``ACCUMULATION_NOTE``) is that large, within ``FLOOR_FACTOR`` times it."""
+    runs = [compare_with_te(te, te_recipe, monkeypatch, kind, recipe_name, seed) for seed in SEEDS]
+    errors = {k: [run[0][k] for run in runs] for k in runs[0][0]}
+    errors_default = {k: [run[1][k] for run in runs] for k in runs[0][0]}
+    floor = {k: [run[3][k] for run in runs] for k in runs[0][0]}
+    median = statistics.median
 
-    torch.manual_seed(1)
-    dtype = torch.bfloat16
-    te_module = build(kind, te, dtype)
-    ref_module = build(kind, ref_te, dtype)
-    copy_weights(te_module, ref_module)
-    shape = (64, 2, 256) if kind == "TransformerLayer" else (128, 256)
-    te_r = {"bf16": None, "delayed": te_recipe.DelayedScaling(), "current": te_recipe.Float8CurrentScaling()}[recipe_name]
-    ref_r = {"bf16": None, "delayed": ref_te.recipe.DelayedScaling(),
-             "current": ref_te.recipe.Float8CurrentScaling()}[recipe_name]
-    for _ in range(3):  # delayed scaling: the third step uses scales from the history
-        x = torch.randn(shape, dtype=dtype)
-        dy = torch.randn(*shape[:-1], 256 if kind != "Linear" and kind != "LayerNormLinear" else 384, dtype=dtype)
-        x_te, x_ref = x.cuda().requires_grad_(), x.clone().requires_grad_()
-        for module in (te_module, ref_module):
-            module.zero_grad(set_to_none=True)
-        with te.autocast(enabled=te_r is not None, recipe=te_r):
-            out_te = te_module(x_te)
-        out_te.backward(dy.cuda())
-        with ref_te.autocast(enabled=ref_r is not None, recipe=ref_r):
-            out_ref = ref_module(x_ref)
-        out_ref.backward(dy)
+    def record(k):
+        entry = {"vs TE (FP32 accumulation), median": median(errors[k]), "vs TE (FP32 accumulation), max": max(errors[k]),
+                 "vs TE (default accumulation), median": median(errors_default[k]),
+                 "vs TE (default accumulation), max": max(errors_default[k]),
+                 "TE floor, median": median(floor[k]), "TE floor, max": max(floor[k])}
+        for name in runs[0][2]:
+            values = [run[2][name][k] for run in runs]
+            entry.update({f"TE floor ({name}), median": median(values), f"TE floor ({name}), max": max(values)})
+        return entry
+
+    def allowed(k):
+        return max(2e-2, FLOOR_FACTOR * median(floor[k]))
+
     key = f"{kind} {recipe_name}"
-    if recipe_name == "current":  # TE against itself (stateless recipe), input nudged by one ulp in 0.1%
-        grads_before = {n: p.grad.clone() for n, p in te_module.named_parameters()}
-        x_nudged = nudge(x).cuda().requires_grad_()
-        te_module.zero_grad(set_to_none=True)
-        with te.autocast(enabled=True, recipe=te_r):
-            out_nudged = te_module(x_nudged)
-        out_nudged.backward(dy.cuda())
-        ERRORS[f"{key} TE floor output"] = rel_error(out_nudged, out_te)
-        ERRORS[f"{key} TE floor worst param grad"] = max(rel_error(p.grad, grads_before[n])
-                                                         for n, p in te_module.named_parameters()
-                                                         if grads_before[n].norm() > 0)
-        for n, p in te_module.named_parameters():
-            p.grad = grads_before[n]
-    ERRORS[f"{key} output"] = rel_error(out_ref, out_te)
-    ERRORS[f"{key} input grad"] = rel_error(x_ref.grad, x_te.grad)
-    grads = {n: p.grad for n, p in te_module.named_parameters()}
-    ERRORS[f"{key} worst param grad"] = max(rel_error(p.grad, grads[n]) for n, p in ref_module.named_parameters()
-                                            if grads[n].norm() > 0)
-    assert ERRORS[f"{key} output"] <= 1e-2
-    assert ERRORS[f"{key} input grad"] <= 2e-2
-    assert ERRORS[f"{key} worst param grad"] <= 2e-2
+    grads = [k for k in errors if k.startswith("grad ")]
+    worst = max(grads, key=lambda k: median(errors[k]) / allowed(k))
+    ERRORS[f"{key} output"], ERRORS[f"{key} input grad"] = record("output"), record("input grad")
+    ERRORS[f"{key} worst param grad"] = {"parameter": worst[5:], **record(worst)}
+    if kind == "TransformerLayer" and recipe_name != "bf16":
+        ERRORS[f"{key} per parameter"] = {k[5:]: record(k) for k in grads}
+
+    assert max(errors["output"]) <= 1e-2, ACCUMULATION_NOTE
+    assert max(errors["input grad"]) <= 2e-2, ACCUMULATION_NOTE
+    assert max(errors_default["output"]) <= max(1e-2, FLOOR_FACTOR * max(floor["output"]))
+    assert max(errors_default["input grad"]) <= max(2e-2, FLOOR_FACTOR * max(floor["input grad"]))
+    for k in grads:
+        assert median(errors[k]) <= allowed(k), f"{k}: {median(errors[k]):.4f} > {allowed(k):.4f}. {ACCUMULATION_NOTE}"
+        assert median(errors_default[k]) <= allowed(k), f"{k} (TE default accumulation)"

@@ -65,11 +65,21 @@ def scale_from_amax(amax: torch.Tensor, max_value: float, power_of_2: bool = Fal
     """TE's ``compute_scale_from_amax``: ``max/amax``, 1 for a zero or non-finite amax."""
     amax = torch.clamp(amax.float(), min=epsilon) if epsilon > 0 else amax.float()
     bad = ~torch.isfinite(amax) | (amax == 0)
-    scale = torch.where(bad, torch.ones_like(amax), max_value / torch.where(bad, torch.ones_like(amax), amax))
+    scale = torch.where(bad, torch.ones_like(amax), divide(max_value, torch.where(bad, torch.ones_like(amax), amax)))
     scale = torch.where(torch.isinf(scale), torch.full_like(scale, FP32_MAX), scale)
-    if power_of_2:
-        scale = torch.exp2(torch.floor(torch.log2(scale)))
+    if power_of_2:  # TE keeps the sign and exponent bits of the FP32 scale
+        scale = torch.ldexp(torch.ones_like(scale), torch.frexp(scale).exponent - 1)
     return scale
+
+
+def divide(numerator: float, denominator: torch.Tensor) -> torch.Tensor:
+    """``numerator / denominator`` correctly rounded in FP32, as TE's scale kernels compute it.
+
+    PyTorch evaluates ``float / tensor`` as ``float * (1 / tensor)``: two roundings, which can
+    be one FP32 ulp off. One ulp matters: a BF16 value times a scale of exactly ``max / amax``
+    can land on a tie between two FP8 values, and the ulp decides which way it rounds.
+    """
+    return torch.div(torch.full_like(denominator, numerator, dtype=torch.float32), denominator.float())
 
 
 @dataclass
@@ -202,7 +212,7 @@ class ScalingMeta:
         if recipe.scaling_factor_compute_algo is not None:
             self.scale.copy_(recipe.scaling_factor_compute_algo(amax, self.scale, fp8_max_value, recipe))
             return
-        new = (fp8_max_value / amax) / (2 ** recipe.margin)
+        new = divide(fp8_max_value * 2.0 ** -recipe.margin, amax)
         new = torch.where(amax > 0.0, new, self.scale)
         new = torch.where(torch.isfinite(amax), new, self.scale)
         new = torch.where(torch.isinf(new), torch.full_like(new, FP32_MAX), new)

@@ -40,7 +40,9 @@ class Format(Enum):
 
 @dataclass(frozen=True)
 class MMParams:
-    """GEMM options (accepted for API parity; the reference always accumulates in FP32)."""
+    """GEMM options, accepted for API parity: the reference always accumulates in FP32, which in TE
+    is ``use_split_accumulator=True``; ``False`` is cuBLAS's faster, less precise FP8 accumulation
+    on Hopper (TE's default for the forward GEMM)."""
 
     use_split_accumulator: bool = True
 
