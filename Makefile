@@ -1,6 +1,6 @@
 # fp8lab: two commands do everything on a fresh machine.
 #   make book   -> virtual environment, requirements, fp8lab, the rendered book in _build/html
-#   make test   -> the CPU lane: unit tests, every notebook on the smoke preset, the strict book build
+#   make test   -> the CPU lane: lint, the strict book build, unit tests, every notebook on the smoke preset
 # On a GPU box with Transformer Engine:
 #   make gpu-lane -> execute every chapter in place on the full preset and stamp it
 PYTHON ?= python3
@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 PYTEST_WORKERS ?= 2
 
-.PHONY: book test unit notebooks book-strict gpu-lane check-stamps clean
+.PHONY: book test lint unit notebooks book-strict gpu-lane check-stamps clean
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -28,20 +28,23 @@ book-strict: $(BIN)/.installed
 	rm -rf _build
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
+lint: $(BIN)/.installed
+	$(BIN)/ruff check fp8lab tools tests
+
 unit: $(BIN)/.installed
-	FP8LAB_PRESET=smoke $(BIN)/python -m pytest -q tests
+	FP8LAB_PRESET=smoke $(BIN)/python -m pytest -q -m "not gpu" tests
 
 notebooks: $(BIN)/.installed
-	FP8LAB_PRESET=smoke $(BIN)/python -m pytest -q --nbmake -n $(PYTEST_WORKERS) $$($(BIN)/python -m fp8lab.lane list)
+	FP8LAB_PRESET=smoke $(BIN)/python -m pytest -q --nbmake -n $(PYTEST_WORKERS) $$($(BIN)/python -m tools.lane list)
 
-test: $(BIN)/.installed book-strict
-	FP8LAB_PRESET=smoke $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --nbmake tests $$($(BIN)/python -m fp8lab.lane list)
+test: $(BIN)/.installed lint book-strict
+	FP8LAB_PRESET=smoke $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --nbmake tests $$($(BIN)/python -m tools.lane list)
 
 gpu-lane:
-	$(PYTHON) -m fp8lab.lane run $(NOTEBOOKS)
+	$(PYTHON) -m tools.lane run $(NOTEBOOKS)
 
 check-stamps:
-	$(PYTHON) -m fp8lab.lane check
+	$(PYTHON) -m tools.lane check
 
 clean:
 	rm -rf _build $(VENV)

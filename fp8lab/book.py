@@ -1,4 +1,4 @@
-"""Helpers for the notebooks' prose: glue numbers from the run into the text.
+"""Helpers for the notebooks' output: glue numbers into the prose, format them, show progress.
 
 :func:`glue` uses ``myst_nb.glue`` when MyST-NB is installed and otherwise writes
 the same output (a display bundle with ``scrapbook`` metadata, as MyST-NB 1.x
@@ -8,13 +8,20 @@ does), so a GPU box without the book's tool chain still produces outputs that
 
 from __future__ import annotations
 
+import math
+import sys
+from collections.abc import Iterable
 from typing import Any
+
+__all__ = ["fmt", "glue", "pct", "progress"]
 
 GLUE_PREFIX = "application/papermill.record/"
 
 
 def glue(name: str, value: Any, display: bool = False) -> None:
     """Record ``value`` under ``name`` for ``{glue}`name``` in the notebook's markdown."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name={name!r}: must be a non-empty string")
     try:
         from myst_nb import glue as myst_glue
     except ImportError:
@@ -31,11 +38,44 @@ def glue(name: str, value: Any, display: bool = False) -> None:
     ipy_display({prefix + key: item for key, item in bundle.items()}, raw=True, metadata=metadata)
 
 
+def _number(value: Any, digits: int) -> float | None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        and not hasattr(value, "__float__")
+    ):
+        raise TypeError(f"value={value!r}: must be a number")
+    if isinstance(digits, bool) or not isinstance(digits, int) or digits < 0:
+        raise ValueError(f"digits={digits!r}: must be an integer >= 0")
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
 def fmt(value: float, digits: int = 0) -> str:
-    """A number as prose shows it: thousands separated, fixed digits."""
-    return f"{value:,.{digits}f}"
+    """A number as prose shows it: thousands separated, fixed digits; ``"n/a"`` for NaN or
+    infinity."""
+    number = _number(value, digits)
+    return "n/a" if number is None else f"{number:,.{digits}f}"
 
 
 def pct(value: float, digits: int = 0) -> str:
-    """A ratio as a percentage: ``pct(0.794) == '79%'``."""
-    return f"{100 * value:.{digits}f}%"
+    """A ratio as a percentage: ``pct(0.794) == '79%'``; ``"n/a"`` for NaN or infinity."""
+    number = _number(value, digits)
+    return "n/a" if number is None else f"{100 * number:.{digits}f}%"
+
+
+def progress(iterable: Iterable, desc: str = "", total: int | None = None):
+    """A tqdm progress bar on the terminal that runs the notebook, never in its saved outputs.
+
+    Inside a Jupyter kernel ``sys.__stderr__`` is the kernel process's own stream, which the
+    notebook does not capture; in a script it is the terminal.
+    """
+    if total is not None:
+        from fp8lab.checks import integer
+
+        integer("total", total, minimum=0)
+    if not isinstance(desc, str):
+        raise TypeError(f"desc={desc!r}: must be a string")
+    from tqdm.std import tqdm  # the text bar; tqdm.auto would draw a widget into the outputs
+
+    return tqdm(iterable, desc=desc, total=total, file=sys.__stderr__, mininterval=5, leave=False)

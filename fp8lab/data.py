@@ -9,24 +9,29 @@ runs (BF16 and FP8, say) can be compared on the same stream of batches.
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
-from fp8lab.config import require_positive_int
+from fp8lab import checks
+
+__all__ = ["MarkovChain", "markov_batches", "uniform_loss"]
 
 
 class MarkovChain:
     """A random first-order Markov chain over ``vocab_size`` tokens."""
 
     def __init__(self, vocab_size: int, branching: int = 4, seed: int = 0):
-        require_positive_int("vocab_size", vocab_size)
-        require_positive_int("branching", branching)
+        checks.integer("vocab_size", vocab_size)
+        checks.integer("branching", branching)
+        checks.integer("seed", seed, minimum=0)
         if branching > vocab_size:
             raise ValueError(f"branching={branching} must not exceed vocab_size={vocab_size}")
         generator = torch.Generator().manual_seed(seed)
         logits = torch.full((vocab_size, vocab_size), float("-inf"))
-        successors = torch.rand(vocab_size, vocab_size, generator=generator).argsort(dim=1)[:, :branching]
+        successors = torch.rand(vocab_size, vocab_size, generator=generator).argsort(dim=1)[
+            :, :branching
+        ]
         weights = torch.randn(vocab_size, branching, generator=generator)
         logits.scatter_(1, successors, weights)
         self.transition = logits.softmax(dim=1)
@@ -46,6 +51,10 @@ class MarkovChain:
 
     def sample(self, batch: int, seq: int, generator: torch.Generator) -> torch.Tensor:
         """Sequences ``[B, S]``: inverse-CDF sampling over each token's few successors."""
+        checks.integer("batch", batch)
+        checks.integer("seq", seq)
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, not {type(generator).__name__}")
         tokens = torch.empty(batch, seq, dtype=torch.long)
         tokens[:, 0] = torch.randint(0, self.vocab_size, (batch,), generator=generator)
         uniforms = torch.rand(seq, batch, 1, generator=generator)
@@ -56,11 +65,14 @@ class MarkovChain:
         return tokens
 
 
-def markov_batches(vocab_size: int, batch: int, seq: int, *, branching: int = 4, seed: int = 0,
-                   device=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless ``(inputs, targets)`` pairs of shape ``[B, S]``; the same seed gives the same stream."""
-    require_positive_int("batch", batch)
-    require_positive_int("seq", seq)
+def markov_batches(
+    vocab_size: int, batch: int, seq: int, *, branching: int = 4, seed: int = 0, device=None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless ``(inputs, targets)`` pairs of shape ``[B, S]``; the same seed gives the same
+    stream."""
+    checks.integer("batch", batch)
+    checks.integer("seq", seq)
+    checks.integer("seed", seed, minimum=0)
     chain = MarkovChain(vocab_size, branching, seed)
     generator = torch.Generator().manual_seed(seed + 1)
     while True:
@@ -70,4 +82,5 @@ def markov_batches(vocab_size: int, batch: int, seq: int, *, branching: int = 4,
 
 def uniform_loss(vocab_size: int) -> float:
     """The loss of a model that knows nothing: ``log V`` nats."""
+    checks.integer("vocab_size", vocab_size)
     return math.log(vocab_size)

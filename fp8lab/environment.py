@@ -29,6 +29,17 @@ FP8_MIN_CAPABILITY = (8, 9)
 
 T = TypeVar("T")
 
+__all__ = [
+    "PRESETS",
+    "PRESET_VARIABLE",
+    "Environment",
+    "banner",
+    "by_preset",
+    "detect",
+    "import_te",
+    "preset",
+]
+
 
 @dataclass(frozen=True)
 class Environment:
@@ -66,7 +77,9 @@ class Environment:
 def _import_te_version() -> tuple[str | None, str | None]:
     try:
         with warnings.catch_warnings():  # TE warns about a JAX install it will not use
-            warnings.filterwarnings("ignore", message="Detected a Jax installation", category=RuntimeWarning)
+            warnings.filterwarnings(
+                "ignore", message="Detected a Jax installation", category=RuntimeWarning
+            )
             import transformer_engine  # noqa: F401
             import transformer_engine.pytorch  # noqa: F401
     except Exception as error:  # TE raises many kinds of errors when its library is missing
@@ -91,12 +104,15 @@ def detect() -> Environment:
 
 
 def preset() -> str:
-    """The size preset: ``FP8LAB_PRESET`` if set, else ``full`` on a CUDA GPU and ``smoke`` elsewhere."""
+    """The size preset: ``FP8LAB_PRESET`` if set, else ``full`` on a CUDA GPU and ``smoke``
+    elsewhere."""
     chosen = os.environ.get(PRESET_VARIABLE, "").strip().lower()
     if not chosen:
         return "full" if detect().cuda_available else "smoke"
     if chosen not in PRESETS:
-        raise ValueError(f"{PRESET_VARIABLE}={chosen!r}: the preset must be one of {', '.join(PRESETS)}")
+        raise ValueError(
+            f"{PRESET_VARIABLE}={chosen!r}: the preset must be one of {', '.join(PRESETS)}"
+        )
     return chosen
 
 
@@ -123,7 +139,8 @@ def banner() -> str:
 
 
 def import_te() -> tuple[Any, Any]:
-    """Return ``(te, recipe)``: ``transformer_engine.pytorch`` and ``transformer_engine.common.recipe``.
+    """Return ``(te, recipe)``: ``transformer_engine.pytorch`` and
+    ``transformer_engine.common.recipe``.
 
     Real TE wherever it can run (a CUDA GPU with TE installed); fp8lab's CPU
     reference of the same API on a machine without a CUDA GPU. On a CUDA GPU

@@ -31,7 +31,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fp8lab.config import TransformerConfig
+from fp8lab import checks
+from fp8lab.config import TransformerConfig, require_config
+
+__all__ = [
+    "ATTENTION_IMPLS",
+    "CANONICAL_NAMES",
+    "FORMS",
+    "FORM_LABELS",
+    "PlainTransformerLayer",
+    "TEModulesLayer",
+    "TETransformerLayer",
+    "activation",
+    "apply_rotary",
+    "build_layer",
+    "canonical_state_dict",
+    "load_canonical_state_dict",
+    "make_norm",
+    "resolve_device",
+    "resolve_dtype",
+    "rotary_angles",
+    "te_linear",
+    "torch_linear",
+]
 
 FORMS = ("pytorch", "te_linear", "te_modules", "te_layer")
 FORM_LABELS = {
@@ -41,18 +63,34 @@ FORM_LABELS = {
     "te_layer": "te.TransformerLayer",
 }
 ATTENTION_IMPLS = ("sdpa", "math")
-CANONICAL_NAMES = ("input_norm.weight", "input_norm.bias", "qkv.weight", "qkv.bias", "proj.weight", "proj.bias",
-                   "mlp_norm.weight", "mlp_norm.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+CANONICAL_NAMES = (
+    "input_norm.weight",
+    "input_norm.bias",
+    "qkv.weight",
+    "qkv.bias",
+    "proj.weight",
+    "proj.bias",
+    "mlp_norm.weight",
+    "mlp_norm.bias",
+    "fc1.weight",
+    "fc1.bias",
+    "fc2.weight",
+    "fc2.bias",
+)
 
 
 def make_norm(cfg: TransformerConfig, eps: float = 1e-5, **factory) -> nn.Module:
+    """The config's norm (``nn.LayerNorm`` or ``nn.RMSNorm``) over H."""
+    require_config(cfg)
+    eps = checks.number("eps", eps, positive=True)
     if cfg.normalization == "LayerNorm":
         return nn.LayerNorm(cfg.hidden_size, eps=eps, **factory)
     return nn.RMSNorm(cfg.hidden_size, eps=eps, **factory)
 
 
 def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
-    """TE's activations: GeLU (tanh approximation) and SwiGLU (SiLU on the first half, times the second)."""
+    """TE's activations: GeLU (tanh approximation) and SwiGLU (SiLU on the first half, times the
+    second)."""
     if kind == "gelu":
         return F.gelu(x, approximate="tanh")
     gate, value = x.chunk(2, dim=-1)
@@ -61,65 +99,141 @@ def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
 
 def rotary_angles(seq: int, head_dim: int, base: float = 10000.0, device=None) -> torch.Tensor:
     """RoPE angles ``[S, 1, 1, D]`` in TE's layout (what ``te.RotaryPositionEmbedding`` returns)."""
-    inverse = 1.0 / base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    checks.integer("seq", seq)
+    if checks.integer("head_dim", head_dim) % 2:
+        raise ValueError(f"head_dim={head_dim}: RoPE rotates pairs of channels, so D must be even")
+    base = checks.number("base", base, positive=True)
+    device = resolve_device(device)
+    inverse = 1.0 / base ** (
+        torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
+    )
     angles = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inverse)
     return torch.cat([angles, angles], dim=-1)[:, None, None, :]
 
 
 def apply_rotary(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     """Rotate ``x: [S, B, heads, D]`` by position, first half of D against the second."""
+    checks.tensor("x", x, dims=4, floating=True)
+    checks.tensor("angles", angles, dims=4, floating=True)
+    if angles.shape[0] != x.shape[0] or angles.shape[-1] != x.shape[-1]:
+        raise ValueError(
+            f"angles {tuple(angles.shape)} do not fit x {tuple(x.shape)}: need [S, 1, 1, D]"
+        )
     first, second = x.chunk(2, dim=-1)
     rotated = torch.cat([-second, first], dim=-1)
     return (x.float() * angles.cos() + rotated.float() * angles.sin()).to(x.dtype)
 
 
+def resolve_device(device) -> torch.device | None:
+    """``device`` as a ``torch.device`` (None stays None); a clear error for names torch does not
+    know
+    (``"gpu"``) and for CUDA on a machine without it."""
+    if device is None:
+        return None
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(
+            f"device={device!r}: not a torch device, such as 'cpu' or 'cuda' ({error})"
+        ) from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}: this machine has no CUDA GPU")
+    return resolved
+
+
+def resolve_dtype(params_dtype) -> torch.dtype:
+    """A floating-point ``torch.dtype`` for parameters."""
+    if not isinstance(params_dtype, torch.dtype):
+        raise TypeError(
+            f"params_dtype={params_dtype!r}: must be a torch dtype such as torch.bfloat16"
+        )
+    if not params_dtype.is_floating_point:
+        raise TypeError(f"params_dtype={params_dtype}: must be a floating-point dtype")
+    return params_dtype
+
+
 def _check_dropout(**probabilities: float) -> None:
     for name, p in probabilities.items():
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"{name}={p}: must be in [0, 1)")
+        checks.probability(name, p)
 
 
 def _reshape_heads(q, k, v, cfg: TransformerConfig):
-    s, b = q.shape[:2]
-    return (q.reshape(s, b, cfg.num_attention_heads, cfg.head_dim), k.reshape(s, b, cfg.groups, cfg.head_dim),
-            v.reshape(s, b, cfg.groups, cfg.head_dim))
+    s, b = q.shape[:2]  # [S, B, heads * D] -> [S, B, heads, D]
+    return (
+        q.reshape(s, b, cfg.num_attention_heads, cfg.head_dim),
+        k.reshape(s, b, cfg.groups, cfg.head_dim),
+        v.reshape(s, b, cfg.groups, cfg.head_dim),
+    )
 
 
-def torch_linear(in_features: int, out_features: int, bias: bool, dtype=None, device=None) -> nn.Module:
+def _check_input(x, cfg: TransformerConfig) -> tuple[int, int, int]:
+    """A layer's input: a floating tensor ``[S, B, H]``."""
+    checks.tensor("x", x, dims=3, floating=True)
+    if x.shape[-1] != cfg.hidden_size:
+        raise ValueError(
+            f"x has shape {tuple(x.shape)}: the last dimension must be "
+            f"hidden_size={cfg.hidden_size} "
+            "(layers take [S, B, H])"
+        )
+    return tuple(x.shape)
+
+
+def torch_linear(
+    in_features: int, out_features: int, bias: bool, dtype=None, device=None
+) -> nn.Module:
     return nn.Linear(in_features, out_features, bias=bias, dtype=dtype, device=device)
 
 
 def te_linear(te):
-    """A ``linear`` factory that builds ``te.Linear`` (FP8 GEMMs under ``te.autocast``) in place of ``nn.Linear``."""
+    """A ``linear`` factory that builds ``te.Linear`` (FP8 GEMMs under ``te.autocast``) in place of
+    ``nn.Linear``."""
+
     def make(in_features: int, out_features: int, bias: bool, dtype=None, device=None) -> nn.Module:
-        return te.Linear(in_features, out_features, bias=bias, params_dtype=dtype,
-                         **({"device": device} if device is not None else {}))
+        return te.Linear(
+            in_features,
+            out_features,
+            bias=bias,
+            params_dtype=dtype,
+            **({"device": device} if device is not None else {}),
+        )
+
     return make
 
 
 class PlainTransformerLayer(nn.Module):
-    """Forms ``pytorch`` and ``te_linear``: ``x + Attn(Norm(x))``, then ``+ MLP(Norm(.))``, in plain PyTorch.
+    """Forms ``pytorch`` and ``te_linear``: ``x + Attn(Norm(x))``, then ``+ MLP(Norm(.))``, in plain
+    PyTorch.
 
     ``linear`` builds the four projections (``nn.Linear`` by default; :func:`te_linear` swaps in
     ``te.Linear``). ``attention="math"`` writes attention out as matmuls and a softmax, so that
     ``FlopCounterMode`` sees every FLOP of it on any device.
     """
 
-    def __init__(self, cfg: TransformerConfig, *, hidden_dropout: float = 0.1, attention_dropout: float = 0.1,
-                 causal: bool = True, attention: str = "sdpa", params_dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None, linear=None):
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        *,
+        hidden_dropout: float = 0.1,
+        attention_dropout: float = 0.1,
+        causal: bool = True,
+        attention: str = "sdpa",
+        params_dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        linear=None,
+    ):
         super().__init__()
-        if attention not in ATTENTION_IMPLS:
-            raise ValueError(f"attention={attention!r}: must be one of {ATTENTION_IMPLS}")
+        require_config(cfg)
+        checks.choice("attention", attention, ATTENTION_IMPLS)
+        checks.flag("causal", causal)
         _check_dropout(hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)
-        factory = {"dtype": params_dtype, "device": device}
+        factory = {"dtype": resolve_dtype(params_dtype), "device": resolve_device(device)}
         h = cfg.hidden_size
         linear = linear or torch_linear
         self.cfg, self.causal, self.attention = cfg, causal, attention
         self.hidden_dropout, self.attention_dropout = hidden_dropout, attention_dropout
         self.input_norm = make_norm(cfg, **factory)
-        self.qkv = linear(h, h + 2 * cfg.kv_size, cfg.bias, **factory)
-        self.proj = linear(h, h, cfg.bias, **factory)
+        self.qkv = linear(h, cfg.qkv_size, cfg.bias, **factory)
+        self.proj = linear(cfg.q_size, h, cfg.bias, **factory)
         self.mlp_norm = make_norm(cfg, **factory)
         self.fc1 = linear(h, cfg.fc1_out, cfg.bias, **factory)
         self.fc2 = linear(cfg.ffn_hidden_size, h, cfg.bias, **factory)
@@ -128,8 +242,14 @@ class PlainTransformerLayer(nn.Module):
         """``q: [B, A, S, D]``, ``k, v: [B, G, S, D]`` -> ``[B, A, S, D]``."""
         dropout = self.attention_dropout if self.training else 0.0
         if self.attention == "sdpa":
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=self.causal,
-                                                  enable_gqa=k.shape[1] != q.shape[1])
+            return F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                dropout_p=dropout,
+                is_causal=self.causal,
+                enable_gqa=k.shape[1] != q.shape[1],
+            )
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
@@ -141,13 +261,15 @@ class PlainTransformerLayer(nn.Module):
         return probs @ v
 
     def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None) -> torch.Tensor:
-        s, b, h = x.shape
+        s, b, _ = _check_input(x, self.cfg)
         cfg = self.cfg
-        q, k, v = _reshape_heads(*self.qkv(self.input_norm(x)).split([h, cfg.kv_size, cfg.kv_size], dim=-1), cfg)
+        q, k, v = _reshape_heads(
+            *self.qkv(self.input_norm(x)).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1), cfg
+        )
         if rotary is not None:
             q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
-        context = self._attention(*(t.permute(1, 2, 0, 3) for t in (q, k, v)))
-        context = context.permute(2, 0, 1, 3).reshape(s, b, h)
+        context = self._attention(*(t.permute(1, 2, 0, 3) for t in (q, k, v)))  # [B, heads, S, D]
+        context = context.permute(2, 0, 1, 3).reshape(s, b, cfg.q_size)  # [S, B, A * D]
         x = x + F.dropout(self.proj(context), self.hidden_dropout, self.training)
         mlp = self.fc2(activation(self.fc1(self.mlp_norm(x)), cfg.activation))
         return x + F.dropout(mlp, self.hidden_dropout, self.training)
@@ -161,27 +283,56 @@ class TEModulesLayer(nn.Module):
     cuDNN), and ``LayerNormMLP`` runs norm, FC1, activation and FC2 with the casts fused in.
     """
 
-    def __init__(self, cfg: TransformerConfig, te, *, hidden_dropout: float = 0.1, attention_dropout: float = 0.1,
-                 causal: bool = True, params_dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None, fuse_wgrad_accumulation: bool = False):
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        te,
+        *,
+        hidden_dropout: float = 0.1,
+        attention_dropout: float = 0.1,
+        causal: bool = True,
+        params_dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        fuse_wgrad_accumulation: bool = False,
+    ):
         super().__init__()
+        require_config(cfg)
+        checks.flag("causal", causal)
+        checks.flag("fuse_wgrad_accumulation", fuse_wgrad_accumulation)
         _check_dropout(hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)
         h = cfg.hidden_size
-        common = {"params_dtype": params_dtype, "fuse_wgrad_accumulation": fuse_wgrad_accumulation,
-                  **({"device": device} if device is not None else {})}
+        device = resolve_device(device)
+        common = {
+            "params_dtype": resolve_dtype(params_dtype),
+            "fuse_wgrad_accumulation": fuse_wgrad_accumulation,
+            **({"device": device} if device is not None else {}),
+        }
         self.cfg, self.hidden_dropout = cfg, hidden_dropout
-        self.qkv = te.LayerNormLinear(h, h + 2 * cfg.kv_size, bias=cfg.bias, normalization=cfg.normalization,
-                                      **common)
-        self.attention = te.DotProductAttention(cfg.num_attention_heads, cfg.head_dim, num_gqa_groups=cfg.groups,
-                                                attention_dropout=attention_dropout, qkv_format="sbhd",
-                                                attn_mask_type="causal" if causal else "no_mask")
-        self.proj = te.Linear(h, h, bias=cfg.bias, **common)
-        self.mlp = te.LayerNormMLP(h, cfg.ffn_hidden_size, bias=cfg.bias, normalization=cfg.normalization,
-                                   activation=cfg.activation, **common)
+        self.qkv = te.LayerNormLinear(
+            h, cfg.qkv_size, bias=cfg.bias, normalization=cfg.normalization, **common
+        )
+        self.attention = te.DotProductAttention(
+            cfg.num_attention_heads,
+            cfg.head_dim,
+            num_gqa_groups=cfg.groups,
+            attention_dropout=attention_dropout,
+            qkv_format="sbhd",
+            attn_mask_type="causal" if causal else "no_mask",
+        )
+        self.proj = te.Linear(cfg.q_size, h, bias=cfg.bias, **common)
+        self.mlp = te.LayerNormMLP(
+            h,
+            cfg.ffn_hidden_size,
+            bias=cfg.bias,
+            normalization=cfg.normalization,
+            activation=cfg.activation,
+            **common,
+        )
 
     def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None) -> torch.Tensor:
-        h, kv = self.cfg.hidden_size, self.cfg.kv_size
-        q, k, v = _reshape_heads(*self.qkv(x).split([h, kv, kv], dim=-1), self.cfg)
+        _check_input(x, self.cfg)
+        q_size, kv = self.cfg.q_size, self.cfg.kv_size
+        q, k, v = _reshape_heads(*self.qkv(x).split([q_size, kv, kv], dim=-1), self.cfg)
         if rotary is not None:
             q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
         x = x + F.dropout(self.proj(self.attention(q, k, v)), self.hidden_dropout, self.training)
@@ -189,37 +340,66 @@ class TEModulesLayer(nn.Module):
 
 
 class TETransformerLayer(nn.Module):
-    """Form ``te_layer``: one ``te.TransformerLayer``, called with the book's ``(x, rotary)`` signature.
+    """Form ``te_layer``: one ``te.TransformerLayer``, called with the book's ``(x, rotary)``
+    signature.
 
-    QKV is one fused parameter (``fuse_qkv_params=True``, which ``fuse_wgrad_accumulation`` requires)
+    QKV is one fused parameter (``fuse_qkv_params=True``, which ``fuse_wgrad_accumulation``
+    requires)
     with rows in the canonical order (``qkv_weight_interleaved=False``).
     """
 
-    def __init__(self, cfg: TransformerConfig, te, *, hidden_dropout: float = 0.1, attention_dropout: float = 0.1,
-                 causal: bool = True, params_dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None, fuse_wgrad_accumulation: bool = False):
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        te,
+        *,
+        hidden_dropout: float = 0.1,
+        attention_dropout: float = 0.1,
+        causal: bool = True,
+        params_dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        fuse_wgrad_accumulation: bool = False,
+    ):
         super().__init__()
+        require_config(cfg)
+        checks.flag("causal", causal)
+        checks.flag("fuse_wgrad_accumulation", fuse_wgrad_accumulation)
         _check_dropout(hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)
+        device = resolve_device(device)
         self.cfg = cfg
         self.layer = te.TransformerLayer(
-            cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_attention_heads, num_gqa_groups=cfg.groups,
-            hidden_dropout=hidden_dropout, attention_dropout=attention_dropout,
-            self_attn_mask_type="causal" if causal else "no_mask", bias=cfg.bias, activation=cfg.activation,
-            normalization=cfg.normalization, params_dtype=params_dtype, fuse_qkv_params=True,
-            qkv_weight_interleaved=False, fuse_wgrad_accumulation=fuse_wgrad_accumulation, **({"device": device} if device is not None else {}))
+            cfg.hidden_size,
+            cfg.ffn_hidden_size,
+            cfg.num_attention_heads,
+            num_gqa_groups=cfg.groups,
+            kv_channels=cfg.head_dim,
+            hidden_dropout=hidden_dropout,
+            attention_dropout=attention_dropout,
+            self_attn_mask_type="causal" if causal else "no_mask",
+            bias=cfg.bias,
+            activation=cfg.activation,
+            normalization=cfg.normalization,
+            params_dtype=resolve_dtype(params_dtype),
+            fuse_qkv_params=True,
+            qkv_weight_interleaved=False,
+            fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+            **({"device": device} if device is not None else {}),
+        )
 
     def forward(self, x: torch.Tensor, rotary: torch.Tensor | None = None) -> torch.Tensor:
+        _check_input(x, self.cfg)
         return self.layer(x, rotary_pos_emb=rotary)
 
 
 def build_layer(form: str, cfg: TransformerConfig, te=None, **kwargs) -> nn.Module:
-    """The layer of ``cfg`` in one of :data:`FORMS`; ``te`` (from ``fp8lab.import_te()``) for the TE forms.
+    """The layer of ``cfg`` in one of :data:`FORMS`; ``te`` (from ``fp8lab.import_te()``) for the TE
+    forms.
 
     ``kwargs``: ``hidden_dropout``, ``attention_dropout``, ``causal``, ``params_dtype``, ``device``;
     ``attention`` for the PyTorch forms, ``fuse_wgrad_accumulation`` for the two fused TE forms.
     """
-    if form not in FORMS:
-        raise ValueError(f"form={form!r}: must be one of {FORMS}")
+    checks.choice("form", form, FORMS)
+    require_config(cfg)
     if form != "pytorch" and te is None:
         raise ValueError(f"form={form!r} needs te= (the module returned by fp8lab.import_te())")
     if form == "pytorch":
@@ -227,7 +407,9 @@ def build_layer(form: str, cfg: TransformerConfig, te=None, **kwargs) -> nn.Modu
     if form == "te_linear":
         return PlainTransformerLayer(cfg, linear=te_linear(te), **kwargs)
     if "attention" in kwargs:
-        raise ValueError(f"attention= applies to the PyTorch forms only; form {form!r} uses TE's attention")
+        raise ValueError(
+            f"attention= applies to the PyTorch forms only; form {form!r} uses TE's attention"
+        )
     return (TEModulesLayer if form == "te_modules" else TETransformerLayer)(cfg, te, **kwargs)
 
 
@@ -238,21 +420,37 @@ def _names(layer: nn.Module) -> dict[str, str]:
     if isinstance(layer, TEModulesLayer):
         qkv, proj, mlp = "qkv.", "proj.", "mlp."
     elif isinstance(layer, TETransformerLayer):
-        qkv, proj, mlp = "layer.self_attention.layernorm_qkv.", "layer.self_attention.proj.", "layer.layernorm_mlp."
+        qkv, proj, mlp = (
+            "layer.self_attention.layernorm_qkv.",
+            "layer.self_attention.proj.",
+            "layer.layernorm_mlp.",
+        )
     else:
         raise TypeError(f"{type(layer).__name__} is not one of the book's layer forms")
-    return {"input_norm.weight": qkv + "layer_norm_weight", "input_norm.bias": qkv + "layer_norm_bias",
-            "qkv.weight": qkv + "weight", "qkv.bias": qkv + "bias", "proj.weight": proj + "weight",
-            "proj.bias": proj + "bias", "mlp_norm.weight": mlp + "layer_norm_weight",
-            "mlp_norm.bias": mlp + "layer_norm_bias", "fc1.weight": mlp + "fc1_weight", "fc1.bias": mlp + "fc1_bias",
-            "fc2.weight": mlp + "fc2_weight", "fc2.bias": mlp + "fc2_bias"}
+    return {
+        "input_norm.weight": qkv + "layer_norm_weight",
+        "input_norm.bias": qkv + "layer_norm_bias",
+        "qkv.weight": qkv + "weight",
+        "qkv.bias": qkv + "bias",
+        "proj.weight": proj + "weight",
+        "proj.bias": proj + "bias",
+        "mlp_norm.weight": mlp + "layer_norm_weight",
+        "mlp_norm.bias": mlp + "layer_norm_bias",
+        "fc1.weight": mlp + "fc1_weight",
+        "fc1.bias": mlp + "fc1_bias",
+        "fc2.weight": mlp + "fc2_weight",
+        "fc2.bias": mlp + "fc2_bias",
+    }
 
 
 def canonical_state_dict(layer: nn.Module, grad: bool = False) -> dict[str, torch.Tensor]:
-    """The layer's weights (or, with ``grad=True``, their FP32 gradients) under the canonical names, as copies."""
+    """The layer's weights (or, with ``grad=True``, their FP32 gradients) under the canonical names,
+    as copies."""
+    names = _names(layer)
+    checks.flag("grad", grad)
     own = dict(layer.named_parameters())
     state = {}
-    for canonical, name in _names(layer).items():
+    for canonical, name in names.items():
         if name not in own:
             continue
         if grad and own[name].grad is None:
@@ -263,14 +461,24 @@ def canonical_state_dict(layer: nn.Module, grad: bool = False) -> dict[str, torc
 
 @torch.no_grad()
 def load_canonical_state_dict(layer: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Copy canonical weights into a layer of any form; the set of names and the shapes must match exactly."""
+    """Copy canonical weights into a layer of any form; the set of names and the shapes must match
+    exactly."""
+    mapping = _names(layer)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise TypeError(
+            f"state must be a dict of canonical names to tensors, not {type(state).__name__}"
+        )
     own = dict(layer.named_parameters())
-    names = {canonical: name for canonical, name in _names(layer).items() if name in own}
+    names = {canonical: name for canonical, name in mapping.items() if name in own}
     if set(state) != set(names):
-        raise ValueError(f"state names {sorted(set(state) ^ set(names))} do not match this "
-                         f"{type(layer).__name__} (expected {sorted(names)})")
+        raise ValueError(
+            f"state names {sorted(map(str, set(state) ^ set(names)))} do not match this "
+            f"{type(layer).__name__} (expected {sorted(names)})"
+        )
     for canonical, name in names.items():
         if state[canonical].shape != own[name].shape:
-            raise ValueError(f"{canonical}: shape {tuple(state[canonical].shape)} does not fit "
-                             f"{type(layer).__name__} ({tuple(own[name].shape)})")
+            raise ValueError(
+                f"{canonical}: shape {tuple(state[canonical].shape)} does not fit "
+                f"{type(layer).__name__} ({tuple(own[name].shape)})"
+            )
         own[name].copy_(state[canonical])

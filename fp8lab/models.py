@@ -10,37 +10,65 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fp8lab.config import TransformerConfig, require_positive_int
-from fp8lab.layers import (FORMS, PlainTransformerLayer, TEModulesLayer, TETransformerLayer, build_layer,
-                           canonical_state_dict, load_canonical_state_dict, make_norm, rotary_angles, te_linear,
-                           torch_linear)
+from fp8lab import checks
+from fp8lab.config import TransformerConfig, require_config
+from fp8lab.layers import (
+    build_layer,
+    canonical_state_dict,
+    load_canonical_state_dict,
+    make_norm,
+    resolve_device,
+    resolve_dtype,
+    rotary_angles,
+)
 
-__all__ = ["GPT", "random_tokens", "FORMS", "PlainTransformerLayer", "TEModulesLayer", "TETransformerLayer",
-           "build_layer", "te_linear", "torch_linear"]
+__all__ = ["GPT", "random_tokens"]
 
 
 class GPT(nn.Module):
-    """Token embeddings, L layers, a final norm and an LM head: ``tokens [B, S] -> logits [B, S, V]``.
+    """Token embeddings, L layers, a final norm and an LM head: ``tokens [B, S] -> logits [B, S,
+    V]``.
 
-    Layers are built by ``build_layer(form, cfg, te, **layer_kwargs)`` (any of :data:`fp8lab.layers.FORMS`),
-    or by ``layer_factory(cfg)`` when given. Embeddings, final norm and LM head stay in PyTorch and in
+    Layers are built by ``build_layer(form, cfg, te, **layer_kwargs)`` (any of
+    :data:`fp8lab.layers.FORMS`),
+    or by ``layer_factory(cfg)`` when given. Embeddings, final norm and LM head stay in PyTorch
+    and in
     ``params_dtype``: FP8 is for the transformer layers.
     """
 
-    def __init__(self, cfg: TransformerConfig, layer_factory=None, *, form: str = "pytorch", te=None,
-                 params_dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
-                 **layer_kwargs):
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        layer_factory=None,
+        *,
+        form: str = "pytorch",
+        te=None,
+        params_dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        **layer_kwargs,
+    ):
         super().__init__()
+        require_config(cfg)
         if cfg.vocab_size is None:
-            raise ValueError("GPT needs cfg.vocab_size")
+            raise ValueError("cfg.vocab_size=None: a GPT needs a vocabulary")
+        if layer_factory is not None and not callable(layer_factory):
+            raise TypeError(f"layer_factory must be callable, not {type(layer_factory).__name__}")
+        params_dtype, device = resolve_dtype(params_dtype), resolve_device(device)
         factory = {"dtype": params_dtype, "device": device}
         self.cfg = cfg
         if layer_factory is None:
+
             def layer_factory(c):
-                return build_layer(form, c, te, params_dtype=params_dtype, device=device, **layer_kwargs)
+                return build_layer(
+                    form, c, te, params_dtype=params_dtype, device=device, **layer_kwargs
+                )
+
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, **factory)
-        self.pos = (nn.Embedding(cfg.max_seq_len, cfg.hidden_size, **factory)
-                    if cfg.position_embedding == "learned" else None)
+        self.pos = (
+            nn.Embedding(cfg.max_seq_len, cfg.hidden_size, **factory)
+            if cfg.position_embedding == "learned"
+            else None
+        )
         self.layers = nn.ModuleList(layer_factory(cfg) for _ in range(cfg.num_layers))
         self.final_norm = make_norm(cfg, **factory)
         self.head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, **factory)
@@ -50,7 +78,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02) -> None:
-        """GPT-2's initialisation in every form: normal(0, 0.02) matrices and embeddings, zero biases, unit norms."""
+        """GPT-2's initialisation in every form: normal(0, 0.02) matrices and embeddings, zero
+        biases, unit norms."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)) or type(module).__name__ == "Linear":
                 nn.init.normal_(module.weight, std=std)
@@ -64,34 +93,60 @@ class GPT(nn.Module):
                         nn.init.zeros_(parameter)
 
     @torch.no_grad()
-    def load_weights_from(self, other: "GPT") -> None:
+    def load_weights_from(self, other: GPT) -> None:
         """Copy every weight of ``other`` (same config, any layer form) into this model."""
+        if not isinstance(other, GPT):
+            raise TypeError(f"other must be a GPT, not {type(other).__name__}")
         if other.cfg != self.cfg:
             raise ValueError("load_weights_from needs a GPT with the same config")
         for name in ("embed", "pos", "final_norm", "head"):
             mine = getattr(self, name)
             if mine is not None:
                 mine.load_state_dict(getattr(other, name).state_dict())
-        for mine, theirs in zip(self.layers, other.layers):
+        for mine, theirs in zip(self.layers, other.layers, strict=True):
             load_canonical_state_dict(mine, canonical_state_dict(theirs))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        b, s = tokens.shape
+        checks.tensor("tokens", tokens, dims=2, floating=False)
+        _, s = tokens.shape  # [B, S]
         if s > self.cfg.max_seq_len:
-            raise ValueError(f"sequence length {s} exceeds cfg.max_seq_len={self.cfg.max_seq_len}")
-        x = self.embed(tokens).transpose(0, 1)  # [S, B, H]
+            raise ValueError(f"tokens has S={s}: exceeds cfg.max_seq_len={self.cfg.max_seq_len}")
+        if tokens.device != self.embed.weight.device:
+            raise ValueError(
+                f"tokens are on {tokens.device} but the model is on {self.embed.weight.device}"
+            )
+        if (
+            tokens.numel() and not torch.compiler.is_compiling()
+        ):  # the range check syncs; compiled code skips it
+            low, high = torch.aminmax(tokens)
+            if low.item() < 0 or high.item() >= self.cfg.vocab_size:
+                raise ValueError(
+                    f"tokens hold ids in [{low.item()}, {high.item()}]: must be in "
+                    f"[0, vocab_size={self.cfg.vocab_size})"
+                )
+        x = self.embed(tokens).transpose(0, 1)  # [B, S, H] -> [S, B, H]
         if self.pos is not None:
             x = x + self.pos(torch.arange(s, device=tokens.device))[:, None, :]
-        rotary = (rotary_angles(s, self.cfg.head_dim, device=tokens.device)
-                  if self.cfg.position_embedding == "rope" else None)
+        rotary = (
+            rotary_angles(s, self.cfg.head_dim, device=tokens.device)
+            if self.cfg.position_embedding == "rope"
+            else None
+        )
         for layer in self.layers:
             x = layer(x, rotary=rotary) if rotary is not None else layer(x)
-        return self.head(self.final_norm(x)).transpose(0, 1)
+        return self.head(self.final_norm(x)).transpose(0, 1)  # [S, B, V] -> [B, S, V]
 
 
-def random_tokens(cfg: TransformerConfig, batch: int, seq: int, seed: int = 0, device=None) -> torch.Tensor:
+def random_tokens(
+    cfg: TransformerConfig, batch: int, seq: int, seed: int = 0, device=None
+) -> torch.Tensor:
     """Reproducible token ids ``[B, S]`` for a benchmark or a test."""
-    require_positive_int("batch", batch)
-    require_positive_int("seq", seq)
+    require_config(cfg)
+    if cfg.vocab_size is None:
+        raise ValueError("cfg.vocab_size=None: tokens need a vocabulary")
+    checks.integer("batch", batch)
+    checks.integer("seq", seq)
+    checks.integer("seed", seed, minimum=0)
+    device = resolve_device(device)
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, cfg.vocab_size, (batch, seq), generator=generator).to(device)

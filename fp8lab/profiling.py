@@ -14,35 +14,67 @@ category so a reader can check the grouping.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from fp8lab import checks
+
+__all__ = ["CATEGORIES", "categorize", "time_breakdown"]
+
 # first match wins: attention before GEMM (fused attention kernels contain "gemm"-like names)
 CATEGORIES: tuple[tuple[str, re.Pattern], ...] = (
-    ("attention", re.compile(r"flash|fmha|sdpa|attention|softmax|dot_do_o|convert_dq|_efficient_attention", re.I)),
-    ("GEMM", re.compile(r"gemm|nvjet|cutlass|sm90_xmma|ampere_|aten::(mm|addmm|bmm|matmul|linear|_scaled_mm)\b|"
-                        r"cublas", re.I)),
-    ("FP8 cast / amax / transpose", re.compile(r"(?<!no)cast|quantiz|amax|transpose|fp8|scale_update|scale_inv",
-                                               re.I)),
+    (
+        "attention",
+        re.compile(
+            r"flash|fmha|sdpa|attention|softmax|dot_do_o|convert_dq|_efficient_attention", re.I
+        ),
+    ),
+    (
+        "GEMM",
+        re.compile(
+            r"gemm|nvjet|cutlass|sm90_xmma|ampere_|aten::(mm|addmm|bmm|matmul|linear|_scaled_mm)\b|"
+            r"cublas",
+            re.I,
+        ),
+    ),
+    (
+        "FP8 cast / amax / transpose",
+        re.compile(r"(?<!no)cast|quantiz|amax|transpose|fp8|scale_update|scale_inv", re.I),
+    ),
     ("norm", re.compile(r"norm", re.I)),
-    ("element-wise (dropout, adds, copies)",
-     re.compile(r"elementwise|dropout|add|mul|copy|gelu|silu|triton|unary|binary|reduce|sum|fill|memset|memcpy|"
-                r"cat|bernoulli|where|aten::", re.I)),
+    (
+        "element-wise (dropout, adds, copies)",
+        re.compile(
+            r"elementwise|dropout|add|mul|copy|gelu|silu|triton|unary|binary|reduce|sum|fill|memset|memcpy|"
+            r"cat|bernoulli|where|aten::",
+            re.I,
+        ),
+    ),
 )
 OTHER = "other"
 
 
 def categorize(name: str) -> str:
     """The category of a kernel or operator name (see :data:`CATEGORIES`)."""
+    if not isinstance(name, str):
+        raise TypeError(f"name={name!r}: must be a kernel or operator name string")
     for category, pattern in CATEGORIES:
         if pattern.search(name):
             return category
     return OTHER
 
 
-def time_breakdown(fn: Callable[[], Any], *, warmup: int = 5, iters: int = 5, device: torch.device | str | None = None):
-    """Profile ``iters`` calls of ``fn`` after ``warmup``; return ``(by_category, by_kernel)`` pandas tables.
+def time_breakdown(
+    fn: Callable[[], Any],
+    *,
+    warmup: int = 5,
+    iters: int = 5,
+    device: torch.device | str | None = None,
+):
+    """Profile ``iters`` calls of ``fn`` after ``warmup``; return ``(by_category, by_kernel)``
+    pandas tables.
 
     Times are per call, in milliseconds: device time of CUDA kernels on a GPU, self CPU time of
     operators on a CPU. ``by_kernel`` lists every kernel (or operator) with its category.
@@ -50,11 +82,13 @@ def time_breakdown(fn: Callable[[], Any], *, warmup: int = 5, iters: int = 5, de
     import pandas as pd
     from torch.profiler import ProfilerActivity, profile
 
-    for label, value in (("warmup", warmup), ("iters", iters)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if label == "iters" else 0):
-            raise ValueError(f"{label}={value!r}: must be an integer >= {1 if label == 'iters' else 0}")
-    device = torch.device(device) if device is not None else torch.device(
-        "cuda" if torch.cuda.is_available() else "cpu")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+    checks.integer("warmup", warmup, minimum=0)
+    checks.integer("iters", iters)
+    from fp8lab.layers import resolve_device
+
+    device = resolve_device(device) or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device.type == "cuda"
     for _ in range(warmup):
         fn()
@@ -70,10 +104,18 @@ def time_breakdown(fn: Callable[[], Any], *, warmup: int = 5, iters: int = 5, de
         total_us = event.self_device_time_total if cuda else event.self_cpu_time_total
         if total_us <= 0 or (not cuda and event.key.startswith("ProfilerStep")):
             continue
-        rows.append({"kernel": event.key, "category": categorize(event.key),
-                     "calls per step": event.count / iters, "ms per step": total_us / 1e3 / iters})
+        rows.append(
+            {
+                "kernel": event.key,
+                "category": categorize(event.key),
+                "calls per step": event.count / iters,
+                "ms per step": total_us / 1e3 / iters,
+            }
+        )
     by_kernel = pd.DataFrame(rows, columns=["kernel", "category", "calls per step", "ms per step"])
     by_kernel = by_kernel.sort_values("ms per step", ascending=False, ignore_index=True)
-    by_category = by_kernel.groupby("category")["ms per step"].sum().sort_values(ascending=False).to_frame()
+    by_category = (
+        by_kernel.groupby("category")["ms per step"].sum().sort_values(ascending=False).to_frame()
+    )
     by_category["share"] = by_category["ms per step"] / by_category["ms per step"].sum()
     return by_category, by_kernel

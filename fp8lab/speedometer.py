@@ -11,11 +11,16 @@ How it measures:
   the GPU queue stays full as it would in training;
 * on CPU, ``time.perf_counter`` brackets each iteration (CPU work is synchronous).
 
-Modes: ``"forward"`` (under ``torch.no_grad`` unless ``grad=True``), ``"forward_backward"``
+Modes: ``"forward"`` (under ``torch.no_grad``), ``"forward_backward"``
 (``out.backward(grad_output)`` with a fixed random ``grad_output``) and ``"step"``
 (forward, backward, ``optimizer.step()``). Gradients are set to ``None`` between
 iterations unless ``zero_grad=False`` (then they accumulate, as with gradient
 accumulation); the result records which.
+
+**Spread**, everywhere in the book, is the interquartile range over the median
+(``(Q3 - Q1) / median`` of the per-iteration times): robust to the odd slow iteration that a
+max-min range would report. Round-to-round variation of medians (tools/speedometer_check.py)
+is a different quantity and is named as such where it is shown.
 
 Known limits: one iteration is timed as a whole (no per-kernel breakdown; use the
 PyTorch profiler for that); the first ``warmup`` iterations are discarded, which
@@ -27,10 +32,15 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
+
+from fp8lab import checks
+
+__all__ = ["MODES", "Timing", "speedometer", "time_callable"]
 
 MODES = ("forward", "forward_backward", "step")
 
@@ -50,6 +60,14 @@ class Timing:
     peak_tflops: float | None = None
     peak_memory_bytes: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.label, str):
+            raise TypeError(f"label={self.label!r}: must be a string")
+        if not isinstance(self.times_ms, tuple) or not self.times_ms:
+            raise TypeError(f"times_ms={self.times_ms!r}: must be a non-empty tuple of times in ms")
+        for value in self.times_ms:
+            checks.number("times_ms[i]", value, non_negative=True)
 
     @property
     def iters(self) -> int:
@@ -77,9 +95,10 @@ class Timing:
 
     @property
     def spread(self) -> float:
-        """Interquartile range over the median: a robust relative spread (0.01 = 1%)."""
-        if self.iters < 4:
-            return (self.max_ms - self.min_ms) / self.median_ms
+        """Interquartile range over the median, ``(Q3 - Q1) / median`` (0.01 = 1%); 0 for one
+        run."""
+        if self.iters < 2:
+            return 0.0
         q1, _, q3 = statistics.quantiles(self.times_ms, n=4)
         return (q3 - q1) / self.median_ms
 
@@ -93,15 +112,26 @@ class Timing:
 
     @property
     def mfu(self) -> float | None:
-        """Achieved TFLOP/s over ``peak_tflops`` (model FLOPs utilisation when ``flops`` are model FLOPs)."""
-        if self.tflops is None or self.peak_tflops is None:
+        """:func:`fp8lab.flops.mfu` of this timing: model FLOPs utilisation when ``flops`` are model
+        FLOPs."""
+        if self.flops is None or self.peak_tflops is None:
             return None
-        return self.tflops / self.peak_tflops
+        from fp8lab.flops import mfu
+
+        return mfu(self.flops, self.median_ms * 1e-3, self.peak_tflops)
 
     def summary(self) -> dict[str, Any]:
         """A flat dict, ready for a pandas row."""
-        row = {"label": self.label, "mode": self.mode, "median_ms": self.median_ms, "mean_ms": self.mean_ms,
-               "min_ms": self.min_ms, "max_ms": self.max_ms, "spread": self.spread, "iters": self.iters}
+        row = {
+            "label": self.label,
+            "mode": self.mode,
+            "median_ms": self.median_ms,
+            "mean_ms": self.mean_ms,
+            "min_ms": self.min_ms,
+            "max_ms": self.max_ms,
+            "spread": self.spread,
+            "iters": self.iters,
+        }
         for name in ("tokens_per_s", "tflops", "mfu"):
             value = getattr(self, name)
             if value is not None:
@@ -111,7 +141,10 @@ class Timing:
         return row
 
     def __str__(self) -> str:
-        text = f"{self.label}: {self.median_ms:.3f} ms median ({self.iters} runs, spread {self.spread:.1%})"
+        text = (
+            f"{self.label}: {self.median_ms:.3f} ms median ({self.iters} runs, "
+            f"spread {self.spread:.1%})"
+        )
         if self.tflops is not None:
             text += f", {self.tflops:.1f} TFLOP/s"
         if self.mfu is not None:
@@ -122,28 +155,47 @@ class Timing:
 def _device_of(device: torch.device | str | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device={device!r}: not a torch device ({error})") from None
 
 
 def _check_counts(warmup: int, iters: int) -> None:
-    if not isinstance(iters, int) or iters < 1:
-        raise ValueError(f"iters={iters!r}: must be an integer >= 1")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup={warmup!r}: must be an integer >= 0")
+    checks.integer("iters", iters)
+    checks.integer("warmup", warmup, minimum=0)
 
 
-def time_callable(fn: Callable[[], Any], *, warmup: int = 10, iters: int = 50,
-                  device: torch.device | str | None = None, label: str = "callable",
-                  measure_memory: bool = False, min_warmup_ms: float = 0.0, **result_fields: Any) -> Timing:
+def time_callable(
+    fn: Callable[[], Any],
+    *,
+    warmup: int = 10,
+    iters: int = 50,
+    device: torch.device | str | None = None,
+    label: str = "callable",
+    measure_memory: bool = False,
+    min_warmup_ms: float = 0.0,
+    **result_fields: Any,
+) -> Timing:
     """Time ``fn()`` ``iters`` times after ``warmup`` untimed calls.
 
     ``min_warmup_ms`` keeps warming up until that much time has passed (GPU clocks and power
     settle over a second or so of sustained load). ``result_fields`` go into the
     :class:`Timing` (``tokens``, ``flops``, ``peak_tflops``, ``mode`` ...).
     """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, not {type(fn).__name__}")
     _check_counts(warmup, iters)
-    if min_warmup_ms < 0:
-        raise ValueError(f"min_warmup_ms={min_warmup_ms}: must be >= 0")
+    checks.number("min_warmup_ms", min_warmup_ms, non_negative=True)
+    if not isinstance(label, str):
+        raise TypeError(f"label={label!r}: must be a string")
+    checks.flag("measure_memory", measure_memory)
+    for name in ("tokens",):
+        if result_fields.get(name) is not None:
+            checks.integer(name, result_fields[name])
+    for name in ("flops", "peak_tflops"):
+        if result_fields.get(name) is not None:
+            checks.number(name, result_fields[name], positive=True)
     device = _device_of(device)
     cuda = device.type == "cuda"
     try:
@@ -160,12 +212,12 @@ def time_callable(fn: Callable[[], Any], *, warmup: int = 10, iters: int = 50,
                 torch.cuda.reset_peak_memory_stats(device)
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-            for start, end in zip(starts, ends):
+            for start, end in zip(starts, ends, strict=True):
                 start.record()
                 fn()
                 end.record()
             torch.cuda.synchronize(device)
-            times = tuple(start.elapsed_time(end) for start, end in zip(starts, ends))
+            times = tuple(start.elapsed_time(end) for start, end in zip(starts, ends, strict=True))
             peak = torch.cuda.max_memory_allocated(device) if measure_memory else None
         else:
             times_list = []
@@ -176,10 +228,22 @@ def time_callable(fn: Callable[[], Any], *, warmup: int = 10, iters: int = 50,
             times, peak = tuple(times_list), None
     except torch.cuda.OutOfMemoryError as error:
         shapes = result_fields.get("extra", {}).get("input_shapes")
-        where = f"{label!r} ({result_fields.get('mode', 'callable')}" + (f", inputs {shapes}" if shapes else "") + ")"
-        raise MemoryError(f"out of GPU memory while timing {where} on {device}: {error}".splitlines()[0]) from error
-    return Timing(label=label, times_ms=times, device=str(device), warmup=warmup,
-                  peak_memory_bytes=peak, **result_fields)
+        where = (
+            f"{label!r} ({result_fields.get('mode', 'callable')}"
+            + (f", inputs {shapes}" if shapes else "")
+            + ")"
+        )
+        raise MemoryError(
+            f"out of GPU memory while timing {where} on {device}: {error}".splitlines()[0]
+        ) from error
+    return Timing(
+        label=label,
+        times_ms=times,
+        device=str(device),
+        warmup=warmup,
+        peak_memory_bytes=peak,
+        **result_fields,
+    )
 
 
 def _tensors(inputs: Sequence[Any]) -> list[torch.Tensor]:
@@ -193,12 +257,16 @@ def _check_devices(module: Any, inputs: Sequence[Any], label: str) -> torch.devi
     device = tensors[0].device
     for tensor in tensors[1:]:
         if tensor.device != device:
-            raise ValueError(f"{label}: inputs are on different devices ({tensor.device} and {device})")
+            raise ValueError(
+                f"{label}: inputs are on different devices ({tensor.device} and {device})"
+            )
     if isinstance(module, torch.nn.Module):
         for name, param in module.named_parameters():
             if param.device != device:
-                raise ValueError(f"{label}: parameter {name!r} is on {param.device} but the input is on "
-                                 f"{device}; move the module or the input (module.to(device))")
+                raise ValueError(
+                    f"{label}: parameter {name!r} is on {param.device} but the input is on "
+                    f"{device}; move the module or the input (module.to(device))"
+                )
     return device
 
 
@@ -207,19 +275,31 @@ def _first_tensor(output: Any) -> torch.Tensor:
         return output
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
-    raise TypeError(f"the forward returned {type(output).__name__}; backward timing needs a tensor (or a tuple "
-                    "whose first item is one)")
+    raise TypeError(
+        f"the forward returned {type(output).__name__}; backward timing needs a tensor (or a tuple "
+        "whose first item is one)"
+    )
 
 
-def speedometer(module: Callable[..., Any], *inputs: Any, mode: str = "forward_backward",
-                forward_kwargs: Mapping[str, Any] | None = None,
-                autocast_kwargs: Mapping[str, Any] | None = None,
-                context: Callable[[], contextlib.AbstractContextManager] | None = None,
-                optimizer: torch.optim.Optimizer | None = None, grad_output: torch.Tensor | None = None,
-                zero_grad: bool = True, warmup: int = 10, iters: int = 50, min_warmup_ms: float = 0.0,
-                label: str | None = None,
-                tokens: int | None = None, flops: float | None = None, peak_tflops: float | None = None,
-                measure_memory: bool = False) -> Timing:
+def speedometer(
+    module: Callable[..., Any],
+    *inputs: Any,
+    mode: str = "forward_backward",
+    forward_kwargs: Mapping[str, Any] | None = None,
+    autocast_kwargs: Mapping[str, Any] | None = None,
+    context: Callable[[], contextlib.AbstractContextManager] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    grad_output: torch.Tensor | None = None,
+    zero_grad: bool = True,
+    warmup: int = 10,
+    iters: int = 50,
+    min_warmup_ms: float = 0.0,
+    label: str | None = None,
+    tokens: int | None = None,
+    flops: float | None = None,
+    peak_tflops: float | None = None,
+    measure_memory: bool = False,
+) -> Timing:
     """Time ``module(*inputs, **forward_kwargs)`` in one of :data:`MODES`.
 
     ``autocast_kwargs`` are passed to ``te.autocast(**autocast_kwargs)`` around the
@@ -229,9 +309,19 @@ def speedometer(module: Callable[..., Any], *inputs: Any, mode: str = "forward_b
     ``flops`` is the work of one iteration (match it to the mode), ``tokens`` the
     tokens it processes, ``peak_tflops`` the peak MFU is measured against.
     """
+    if not callable(module):
+        raise TypeError(
+            f"module must be a torch.nn.Module or a callable, not {type(module).__name__}"
+        )
     label = label or getattr(module, "__class__", type(module)).__name__
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r}: must be one of {', '.join(MODES)}")
+    checks.choice("mode", mode, MODES)
+    checks.flag("zero_grad", zero_grad)
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}"
+        )
+    if grad_output is not None and not isinstance(grad_output, torch.Tensor):
+        raise TypeError(f"grad_output must be a tensor, not {type(grad_output).__name__}")
     if mode == "step" and optimizer is None:
         raise ValueError("mode='step' needs an optimizer")
     if autocast_kwargs is not None and context is not None:
@@ -253,6 +343,7 @@ def speedometer(module: Callable[..., Any], *inputs: Any, mode: str = "forward_b
             return module(*inputs, **forward_kwargs)
 
     if mode == "forward":
+
         def iteration():
             with torch.no_grad():
                 forward()
@@ -272,9 +363,20 @@ def speedometer(module: Callable[..., Any], *inputs: Any, mode: str = "forward_b
                     optimizer.zero_grad(set_to_none=True)
                 for param in parameters:
                     param.grad = None
+
     shapes = ", ".join(str(tuple(t.shape)) for t in _tensors(inputs))
-    return time_callable(iteration, warmup=warmup, iters=iters, device=device, min_warmup_ms=min_warmup_ms,
-                         label=label, measure_memory=measure_memory, mode=mode,
-                         grads_zeroed=zero_grad if mode != "forward" else None,
-                         tokens=tokens, flops=flops, peak_tflops=peak_tflops,
-                         extra={"input_shapes": shapes})
+    return time_callable(
+        iteration,
+        warmup=warmup,
+        iters=iters,
+        device=device,
+        min_warmup_ms=min_warmup_ms,
+        label=label,
+        measure_memory=measure_memory,
+        mode=mode,
+        grads_zeroed=zero_grad if mode != "forward" else None,
+        tokens=tokens,
+        flops=flops,
+        peak_tflops=peak_tflops,
+        extra={"input_shapes": shapes},
+    )

@@ -1,11 +1,43 @@
-"""Shared fixtures: a fixed seed for every test, and the repository root."""
+"""Shared fixtures: a fixed seed for every test, the repository root, and the ``gpu`` marker.
 
+Tests marked ``@pytest.mark.gpu`` need a CUDA GPU with FP8 and Transformer Engine. Elsewhere
+they are skipped with the reason: no CUDA GPU, TE that does not import (a CUDA machine without
+TE skips them instead of failing collection), or TE's own ``is_fp8_available(return_reason=True)``
+answer. ``pytest -m gpu`` selects them; ``pytest -m "not gpu"`` the rest.
+"""
+
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@lru_cache(maxsize=1)
+def gpu_skip_reason() -> str | None:
+    """None where the GPU tests can run, else why not."""
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU with Transformer Engine (GPU lane only)"
+    try:
+        import transformer_engine.pytorch as te
+    except Exception as error:  # TE raises many kinds of errors when its library is missing
+        return f"Transformer Engine does not import here: {type(error).__name__}: {error}".splitlines()[
+            0
+        ]
+    available, reason = te.is_fp8_available(return_reason=True)
+    return None if available else f"FP8 is not available here: {reason}"
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = gpu_skip_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)
@@ -16,12 +48,3 @@ def _seed():
 @pytest.fixture
 def root() -> Path:
     return ROOT
-
-
-def has_real_te() -> bool:
-    from fp8lab.environment import detect
-
-    return detect().uses_real_te
-
-
-gpu = pytest.mark.skipif(not has_real_te(), reason="needs a CUDA GPU with Transformer Engine (GPU lane only)")

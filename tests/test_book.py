@@ -31,6 +31,11 @@ def test_fallback_glue_matches_myst_nb(monkeypatch):
 
 
 def test_number_formats():
-    assert book.fmt(1234.5) == "1,234" or book.fmt(1234.5) == "1,235"
+    assert book.fmt(1234.6) == "1,235" and book.fmt(1234.4) == "1,234"
     assert book.fmt(4.2891, 2) == "4.29"
     assert book.pct(0.794) == "79%"
+    assert book.fmt(float("nan")) == "n/a" and book.pct(float("inf")) == "n/a"
+    with pytest.raises(TypeError, match="value='1'"):
+        book.fmt("1")
+    with pytest.raises(ValueError, match="digits=-1"):
+        book.fmt(1.0, -1)

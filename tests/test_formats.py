@@ -10,10 +10,15 @@ from fp8lab.capture import by_kind, capture_step
 from fp8lab.data import MarkovChain, markov_batches, uniform_loss
 
 
-@pytest.mark.parametrize("fmt, stored, bits", [
-    ("FP16", 0.395263671875, "0 01101 1001010011"), ("BF16", 0.39453125, "0 01111101 1001010"),
-    ("E4M3", 0.40625, "0 0101 101"), ("E5M2", 0.375, "0 01101 10"),
-])
+@pytest.mark.parametrize(
+    "fmt, stored, bits",
+    [
+        ("FP16", 0.395263671875, "0 01101 1001010011"),
+        ("BF16", 0.39453125, "0 01111101 1001010"),
+        ("E4M3", 0.40625, "0 0101 101"),
+        ("E5M2", 0.375, "0 01101 10"),
+    ],
+)
 def test_worked_example_of_0_3952(fmt, stored, bits):
     encoding = formats.encode(0.3952, fmt)
     assert encoding.stored == stored and encoding.bits == bits
@@ -34,7 +39,12 @@ def test_rounding_saturates_like_training_casts():
     assert formats.round_to(1e6, "E4M3").item() == 448.0
     assert math.isinf(formats.round_to(1e6, "E5M2", saturate=False).item())
     error = formats.relative_rounding_error(torch.tensor([1.0, 1.0625, 1e-9, 1e6]), "E4M3")
-    assert error[0] == 0 and error[1] == pytest.approx(0.0625 / 1.0625) and error[2] == 1 and error[3] == 1
+    assert (
+        error[0] == 0
+        and error[1] == pytest.approx(0.0625 / 1.0625)
+        and error[2] == 1
+        and error[3] == 1
+    )
 
 
 def test_range_fit_and_amax_scale():
@@ -48,14 +58,17 @@ def test_range_fit_and_amax_scale():
     assert formats.amax_scale(torch.zeros(3), "E5M2") == 1.0
 
 
-@pytest.mark.parametrize("call, error, message", [
-    (lambda: formats.info("E3M4"), ValueError, "format='E3M4'"),
-    (lambda: formats.info(torch.int8), TypeError, "not one of the formats"),
-    (lambda: formats.encode("1.0", "E4M3"), TypeError, "value must be a number"),
-    (lambda: formats.range_fit(torch.ones(2), "E4M3", scale=0), ValueError, "scale=0"),
-    (lambda: formats.all_values("FP32"), ValueError, "enumerate 8- and 16-bit"),
-    (lambda: MarkovChain(4, branching=5), ValueError, "branching=5"),
-])
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: formats.info("E3M4"), ValueError, "format='E3M4'"),
+        (lambda: formats.info(torch.int8), TypeError, "not one of the formats"),
+        (lambda: formats.encode("1.0", "E4M3"), TypeError, "value must be a number"),
+        (lambda: formats.range_fit(torch.ones(2), "E4M3", scale=0), ValueError, "scale=0"),
+        (lambda: formats.all_values("FP32"), ValueError, "enumerate 8- and 16-bit"),
+        (lambda: MarkovChain(4, branching=5), ValueError, "branching=5"),
+    ],
+)
 def test_bad_input(call, error, message):
     with pytest.raises(error, match=message):
         call()
@@ -76,9 +89,14 @@ def test_capture_step_records_every_kind():
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     x = torch.randn(5, 8)
     captured = capture_step(model, lambda: model(x).pow(2).sum(), max_elements=50)
-    assert set(captured) == {f"{i}.{kind}" for i in ("0", "2") for kind in
-                             ("activation", "weight", "output gradient", "weight gradient")}
-    assert captured["0.activation"].numel() == 40 and captured["2.weight"].numel() == 50  # subsampled
+    assert set(captured) == {
+        f"{i}.{kind}"
+        for i in ("0", "2")
+        for kind in ("activation", "weight", "output gradient", "weight gradient")
+    }
+    assert (
+        captured["0.activation"].numel() == 40 and captured["2.weight"].numel() == 50
+    )  # subsampled
     assert set(by_kind(captured)) == {"activation", "weight", "output gradient", "weight gradient"}
     with pytest.raises(ValueError, match="no modules of types"):
         capture_step(torch.nn.ReLU(), lambda: x.sum(), module_types=(torch.nn.Conv1d,))

@@ -1,15 +1,22 @@
-"""The GPU-lane stamp: every chapter's committed outputs came from a GPU with TE and from its current code."""
+"""The GPU-lane stamp: every chapter's committed outputs came from a GPU with TE, from its current
+code and from the fp8lab code it imports now."""
 
 import json
 import shutil
 
 import pytest
 
-from fp8lab import lane
+from tools import lane
 
 CHAPTERS = lane.toc_notebooks()
-FAKE_MACHINE = {"gpu_name": "NVIDIA H200", "gpu_count": 1, "compute_capability": "9.0", "torch": "2.11.0",
-                "cuda": "13.0", "transformer_engine": "2.20.2"}
+FAKE_MACHINE = {
+    "gpu_name": "NVIDIA H200",
+    "gpu_count": 1,
+    "compute_capability": "9.0",
+    "torch": "2.11.0",
+    "cuda": "13.0",
+    "transformer_engine": "2.20.2",
+}
 
 
 def test_the_toc_lists_chapters():
@@ -64,7 +71,9 @@ def test_missing_stamp_error_output_and_cpu_stamp_are_reported(tmp_path):
     lane.stamp(path, machine=FAKE_MACHINE)
     notebook = lane.read(path)
     cell = next(c for c in notebook["cells"] if c["cell_type"] == "code")
-    cell["outputs"] = [{"output_type": "error", "ename": "RuntimeError", "evalue": "boom", "traceback": []}]
+    cell["outputs"] = [
+        {"output_type": "error", "ename": "RuntimeError", "evalue": "boom", "traceback": []}
+    ]
     path.write_text(json.dumps(notebook))
     assert any("error output" in p for p in lane.problems(path))
 
@@ -76,3 +85,52 @@ def test_stamping_refuses_without_a_gpu():
         pytest.skip("this machine has a GPU")
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         lane.where_it_runs()
+
+
+def test_library_modules_follow_imports_transitively():
+    notebook = {
+        "cells": [
+            {"cell_type": "code", "source": "from fp8lab.memory import estimate\nimport fp8lab"}
+        ]
+    }
+    modules = lane.library_modules(notebook)
+    assert {"fp8lab", "fp8lab.memory", "fp8lab.flops", "fp8lab.config", "fp8lab.checks"} <= set(
+        modules
+    )
+    assert {"fp8lab.environment", "fp8lab.book"} <= set(modules)  # the package's lazy names
+    assert "fp8lab.reference" not in modules  # only import_te() reaches it, never on the GPU lane
+    assert "fp8lab.speedometer" not in modules
+
+
+def test_library_hash_ignores_docstrings_and_comments_but_not_code(tmp_path):
+    package = tmp_path / "fp8lab"
+    package.mkdir()
+    (package / "__init__.py").write_text('"""Doc."""\n_LAZY = {}\n')
+    module = package / "thing.py"
+    module.write_text('"""Module doc."""\n\ndef f(x):\n    """Doc."""\n    return x + 1  # one\n')
+    before = lane.library_hash(["fp8lab.thing"], root=tmp_path)
+    module.write_text(
+        '"""Other doc,\nlonger."""\n\n\ndef f(x):\n    """New doc."""\n    # a comment\n'
+        "    return x + 1\n"
+    )
+    assert lane.library_hash(["fp8lab.thing"], root=tmp_path) == before
+    module.write_text('"""Module doc."""\n\ndef f(x):\n    return x + 2\n')
+    assert lane.library_hash(["fp8lab.thing"], root=tmp_path) != before
+
+
+def test_a_changed_library_breaks_the_stamp(tmp_path, monkeypatch):
+    path = _copy_of_chapter(tmp_path)
+    lane.stamp(path, machine=FAKE_MACHINE)
+    record = lane.read(path)["metadata"][lane.STAMP_KEY]
+    assert record["library_modules"] and len(record["library_sha256"]) == 64
+    monkeypatch.setattr(lane, "library_hash", lambda modules, root=lane.ROOT: "0" * 64)
+    assert any("fp8lab modules it imports" in p for p in lane.problems(path))
+
+
+def test_a_stamp_must_record_the_gpus_a_chapter_needs(tmp_path):
+    path = _copy_of_chapter(tmp_path)
+    notebook = lane.read(path)
+    notebook["metadata"][lane.GPUS_KEY] = 2
+    path.write_text(json.dumps(notebook))
+    lane.stamp(path, machine=FAKE_MACHINE)
+    assert any("it needs 2" in p for p in lane.problems(path))

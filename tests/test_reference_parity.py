@@ -14,9 +14,9 @@ import statistics
 import pytest
 import torch
 
-from tests.conftest import gpu
+from fp8lab.formats import relative_error
 
-pytestmark = gpu
+pytestmark = pytest.mark.gpu
 ERRORS: dict[str, float] = {}
 
 
@@ -38,22 +38,22 @@ def te_recipe():
     return recipe_module
 
 
-def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.detach().float().cpu(), expected.detach().float().cpu()
-    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
-
-
 def copy_weights(te_module, ref_module):
     te_state = {k: v for k, v in te_module.state_dict().items() if not k.endswith("_extra_state")}
     ref_state = ref_module.state_dict()
-    assert set(te_state) == set(ref_state), f"parameter names differ: {set(te_state) ^ set(ref_state)}"
+    assert set(te_state) == set(ref_state), (
+        f"parameter names differ: {set(te_state) ^ set(ref_state)}"
+    )
     ref_module.load_state_dict({k: v.detach().cpu() for k, v in te_state.items()})
 
 
 @pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_delayed_and_current_scaling_bytes_identical(te, fp8_dtype):
     from transformer_engine.pytorch.constants import DType
-    from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer
+    from transformer_engine.pytorch.tensor.float8_tensor import (
+        Float8CurrentScalingQuantizer,
+        Float8Quantizer,
+    )
 
     from fp8lab.reference import quantization as q
 
@@ -67,7 +67,9 @@ def test_delayed_and_current_scaling_bytes_identical(te, fp8_dtype):
     te_current = Float8CurrentScalingQuantizer(te_dtype, torch.device("cuda"))(x)
     ref_scale = q.scale_from_amax(q.amax_of(x.cpu()), q.fp8_max(fp8_dtype))
     assert torch.equal(te_current._scale_inv.cpu().reshape(()), (1 / ref_scale).reshape(()))
-    assert torch.equal(te_current._data.cpu(), q.cast_to_fp8(x.cpu(), ref_scale, fp8_dtype).view(torch.uint8))
+    assert torch.equal(
+        te_current._data.cpu(), q.cast_to_fp8(x.cpu(), ref_scale, fp8_dtype).view(torch.uint8)
+    )
 
 
 @pytest.mark.parametrize("amax", [4.59375, 1.515625, 3.0, 0.1, 1e-30])
@@ -106,10 +108,14 @@ def test_delayed_scaling_history_after_ten_steps(te, te_recipe):
     for direction in ("scaling_fwd", "scaling_bwd"):
         te_meta, ref_meta = te_linear.fp8_meta[direction], ref_linear.fp8_meta[direction]
         slots = ref_meta.amax_history.shape[1]
-        torch.testing.assert_close(te_meta.amax_history[:, :slots].cpu(), ref_meta.amax_history, rtol=0, atol=0)
+        torch.testing.assert_close(
+            te_meta.amax_history[:, :slots].cpu(), ref_meta.amax_history, rtol=0, atol=0
+        )
         torch.testing.assert_close(te_meta.scale[:slots].cpu(), ref_meta.scale, rtol=0, atol=0)
     ERRORS["delayed history/scale max rel diff"] = max(
-        rel_error(te_linear.fp8_meta[d].scale[:2], ref_linear.fp8_meta[d].scale[:2]) for d in ("scaling_fwd", "scaling_bwd"))
+        relative_error(te_linear.fp8_meta[d].scale[:2], ref_linear.fp8_meta[d].scale[:2])
+        for d in ("scaling_fwd", "scaling_bwd")
+    )
 
 
 def build(kind, te_or_ref, dtype):
@@ -118,9 +124,19 @@ def build(kind, te_or_ref, dtype):
     if kind == "LayerNormLinear":
         return te_or_ref.LayerNormLinear(256, 384, params_dtype=dtype)
     if kind == "LayerNormMLP":
-        return te_or_ref.LayerNormMLP(256, 1024, params_dtype=dtype, activation="swiglu", normalization="RMSNorm")
-    return te_or_ref.TransformerLayer(256, 1024, 8, num_gqa_groups=2, params_dtype=dtype, hidden_dropout=0.0,
-                                      attention_dropout=0.0, fuse_qkv_params=True)
+        return te_or_ref.LayerNormMLP(
+            256, 1024, params_dtype=dtype, activation="swiglu", normalization="RMSNorm"
+        )
+    return te_or_ref.TransformerLayer(
+        256,
+        1024,
+        8,
+        num_gqa_groups=2,
+        params_dtype=dtype,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        fuse_qkv_params=True,
+    )
 
 
 def nudge(x: torch.Tensor, fraction: float = 1e-3, seed: int = 7) -> torch.Tensor:
@@ -132,13 +148,21 @@ def nudge(x: torch.Tensor, fraction: float = 1e-3, seed: int = 7) -> torch.Tenso
     return bits.view(torch.bfloat16)
 
 
-def training_steps(kind: str, count: int = 3, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(input, output gradient) pairs; with delayed scaling the third step uses scales from the history."""
+def training_steps(
+    kind: str, count: int = 3, seed: int = 1
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(input, output gradient) pairs; with delayed scaling the third step uses scales from the
+    history."""
     generator = torch.Generator().manual_seed(seed)
     shape = (64, 2, 256) if kind == "TransformerLayer" else (128, 256)
     out_features = 384 if kind in ("Linear", "LayerNormLinear") else 256
-    return [(torch.randn(shape, generator=generator).to(torch.bfloat16),
-             torch.randn(*shape[:-1], out_features, generator=generator).to(torch.bfloat16)) for _ in range(count)]
+    return [
+        (
+            torch.randn(shape, generator=generator).to(torch.bfloat16),
+            torch.randn(*shape[:-1], out_features, generator=generator).to(torch.bfloat16),
+        )
+        for _ in range(count)
+    ]
 
 
 def fp32_forward_accumulation(monkeypatch, te_recipe, recipe_name):
@@ -153,7 +177,9 @@ def fp32_forward_accumulation(monkeypatch, te_recipe, recipe_name):
     for name in ("linear", "layernorm_linear", "layernorm_mlp"):
         monkeypatch.setattr(f"transformer_engine.pytorch.module.{name}._2X_ACC_FPROP", True)
     if recipe_name == "current":
-        return te_recipe.Float8CurrentScaling(fp8_gemm_fprop=te_recipe.MMParams(use_split_accumulator=True))
+        return te_recipe.Float8CurrentScaling(
+            fp8_gemm_fprop=te_recipe.MMParams(use_split_accumulator=True)
+        )
     return te_recipe.DelayedScaling()
 
 
@@ -174,7 +200,7 @@ def run_steps(module, autocast, recipe, steps, device, last_input=None):
 
 
 def differences(actual: dict, expected: dict) -> dict:
-    return {k: rel_error(actual[k], expected[k]) for k in expected if expected[k].norm() > 0}
+    return {k: relative_error(actual[k], expected[k]) for k in expected if expected[k].norm() > 0}
 
 
 ACCUMULATION_NOTE = (
@@ -182,7 +208,8 @@ ACCUMULATION_NOTE = (
     "forward accumulation on Hopper is reported beside it. TE's own floor is how far TE moves from itself "
     "when nothing in the math changes: its two forward accumulation modes, and one BF16 ulp added to 0.1% of "
     "the last input. Chained FP8 casts make some quantities this sensitive: a last-bit change before a cast "
-    "can move the amax, hence the scale, hence the rounding of every element (E5M2 gradients most of all).")
+    "can move the amax, hence the scale, hence the rounding of every element (E5M2 gradients most of all)."
+)
 FLOOR_FACTOR = 1.5
 
 
@@ -205,10 +232,18 @@ def compare_with_te(te, te_recipe, monkeypatch, kind: str, recipe_name: str, see
         module.load_state_dict(initial.state_dict())
         return run_steps(module, te.autocast, recipe, steps, "cuda", last_input)
 
-    te_default = te_run({"bf16": None, "delayed": te_recipe.DelayedScaling(),
-                         "current": te_recipe.Float8CurrentScaling()}[recipe_name])
-    ref_recipe = {"bf16": None, "delayed": ref_te.recipe.DelayedScaling(),
-                  "current": ref_te.recipe.Float8CurrentScaling()}[recipe_name]
+    te_default = te_run(
+        {
+            "bf16": None,
+            "delayed": te_recipe.DelayedScaling(),
+            "current": te_recipe.Float8CurrentScaling(),
+        }[recipe_name]
+    )
+    ref_recipe = {
+        "bf16": None,
+        "delayed": ref_te.recipe.DelayedScaling(),
+        "current": ref_te.recipe.Float8CurrentScaling(),
+    }[recipe_name]
     ref_result = run_steps(ref_module, ref_te.autocast, ref_recipe, steps, "cpu")
     if recipe_name == "bf16":  # BF16 GEMMs accumulate in FP32 in either mode
         te_fp32 = te_default
@@ -217,8 +252,10 @@ def compare_with_te(te, te_recipe, monkeypatch, kind: str, recipe_name: str, see
         with monkeypatch.context() as patch:
             te_fp32_recipe = fp32_forward_accumulation(patch, te_recipe, recipe_name)
             te_fp32 = te_run(te_fp32_recipe)
-            floors = {"one ulp": differences(te_run(te_fp32_recipe, nudge(steps[-1][0])), te_fp32),
-                      "accumulation": differences(te_default, te_fp32)}
+            floors = {
+                "one ulp": differences(te_run(te_fp32_recipe, nudge(steps[-1][0])), te_fp32),
+                "accumulation": differences(te_default, te_fp32),
+            }
     floor = {k: max(f[k] for f in floors.values()) for k in floors["one ulp"]}
     errors = differences(ref_result, te_fp32)
     errors_default = differences(ref_result, te_default)
@@ -241,13 +278,22 @@ def test_forward_and_gradients_match_te(te, te_recipe, monkeypatch, kind, recipe
     median = statistics.median
 
     def record(k):
-        entry = {"vs TE (FP32 accumulation), median": median(errors[k]), "vs TE (FP32 accumulation), max": max(errors[k]),
-                 "vs TE (default accumulation), median": median(errors_default[k]),
-                 "vs TE (default accumulation), max": max(errors_default[k]),
-                 "TE floor, median": median(floor[k]), "TE floor, max": max(floor[k])}
+        entry = {
+            "vs TE (FP32 accumulation), median": median(errors[k]),
+            "vs TE (FP32 accumulation), max": max(errors[k]),
+            "vs TE (default accumulation), median": median(errors_default[k]),
+            "vs TE (default accumulation), max": max(errors_default[k]),
+            "TE floor, median": median(floor[k]),
+            "TE floor, max": max(floor[k]),
+        }
         for name in runs[0][2]:
             values = [run[2][name][k] for run in runs]
-            entry.update({f"TE floor ({name}), median": median(values), f"TE floor ({name}), max": max(values)})
+            entry.update(
+                {
+                    f"TE floor ({name}), median": median(values),
+                    f"TE floor ({name}), max": max(values),
+                }
+            )
         return entry
 
     def allowed(k):
@@ -266,5 +312,7 @@ def test_forward_and_gradients_match_te(te, te_recipe, monkeypatch, kind, recipe
     assert max(errors_default["output"]) <= max(1e-2, FLOOR_FACTOR * max(floor["output"]))
     assert max(errors_default["input grad"]) <= max(2e-2, FLOOR_FACTOR * max(floor["input grad"]))
     for k in grads:
-        assert median(errors[k]) <= allowed(k), f"{k}: {median(errors[k]):.4f} > {allowed(k):.4f}. {ACCUMULATION_NOTE}"
+        assert median(errors[k]) <= allowed(k), (
+            f"{k}: {median(errors[k]):.4f} > {allowed(k):.4f}. {ACCUMULATION_NOTE}"
+        )
         assert median(errors_default[k]) <= allowed(k), f"{k} (TE default accumulation)"

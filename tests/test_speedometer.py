@@ -8,8 +8,15 @@ from fp8lab.speedometer import Timing, speedometer, time_callable
 
 
 def test_statistics_of_a_timing():
-    timing = Timing("t", (1.0, 2.0, 3.0, 4.0, 10.0), "cpu", tokens=1000, flops=2e12, peak_tflops=4000)
-    assert timing.median_ms == 3.0 and timing.mean_ms == 4.0 and timing.min_ms == 1.0 and timing.max_ms == 10.0
+    timing = Timing(
+        "t", (1.0, 2.0, 3.0, 4.0, 10.0), "cpu", tokens=1000, flops=2e12, peak_tflops=4000
+    )
+    assert (
+        timing.median_ms == 3.0
+        and timing.mean_ms == 4.0
+        and timing.min_ms == 1.0
+        and timing.max_ms == 10.0
+    )
     assert timing.spread == pytest.approx((7.0 - 1.5) / 3.0)  # interquartile range over the median
     assert timing.tokens_per_s == pytest.approx(1000 / 3e-3)
     assert timing.tflops == pytest.approx(2e12 / 3e-3 / 1e12)
@@ -32,7 +39,9 @@ def test_modes_on_a_module(mode):
     x = torch.randn(8, 32)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1) if mode == "step" else None
     before = model.weight.detach().clone()
-    timing = speedometer(model, x, mode=mode, optimizer=optimizer, warmup=2, iters=5, tokens=8, flops=1e6)
+    timing = speedometer(
+        model, x, mode=mode, optimizer=optimizer, warmup=2, iters=5, tokens=8, flops=1e6
+    )
     assert timing.mode == mode and timing.iters == 5
     assert timing.grads_zeroed is (None if mode == "forward" else True)
     assert model.weight.grad is None  # zeroed between iterations (set to None)
@@ -54,7 +63,13 @@ def test_autocast_kwargs_reach_te():
 
     layer = te.Linear(32, 16)
     x = torch.randn(16, 32)
-    speedometer(layer, x, autocast_kwargs={"enabled": True, "recipe": recipe.DelayedScaling()}, warmup=1, iters=2)
+    speedometer(
+        layer,
+        x,
+        autocast_kwargs={"enabled": True, "recipe": recipe.DelayedScaling()},
+        warmup=1,
+        iters=2,
+    )
     assert layer.fp8_meta["scaling_fwd"].amax_history.abs().sum() > 0  # FP8 casts happened
 
 
@@ -68,18 +83,23 @@ def test_context_factory_is_used():
         def __exit__(self, *exc):
             return False
 
-    speedometer(torch.nn.Linear(4, 4), torch.randn(2, 4), mode="forward", context=Marker, warmup=1, iters=2)
+    speedometer(
+        torch.nn.Linear(4, 4), torch.randn(2, 4), mode="forward", context=Marker, warmup=1, iters=2
+    )
     assert len(entered) == 3
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"iters": 0}, ValueError, "iters=0"),
-    ({"warmup": -1}, ValueError, "warmup=-1"),
-    ({"mode": "backward"}, ValueError, "mode='backward'"),
-    ({"mode": "step"}, ValueError, "needs an optimizer"),
-    ({"autocast_kwargs": {}, "context": object}, ValueError, "not both"),
-    ({"min_warmup_ms": -5}, ValueError, "min_warmup_ms=-5"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"iters": 0}, ValueError, "iters=0"),
+        ({"warmup": -1}, ValueError, "warmup=-1"),
+        ({"mode": "backward"}, ValueError, "mode='backward'"),
+        ({"mode": "step"}, ValueError, "needs an optimizer"),
+        ({"autocast_kwargs": {}, "context": object}, ValueError, "not both"),
+        ({"min_warmup_ms": -5}, ValueError, "min_warmup_ms=-5"),
+    ],
+)
 def test_bad_arguments(kwargs, error, message):
     with pytest.raises(error, match=message):
         speedometer(torch.nn.Linear(4, 4), torch.randn(2, 4), **kwargs)
@@ -98,7 +118,9 @@ def test_out_of_memory_names_the_configuration(monkeypatch):
     def boom():
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80 GiB")
 
-    with pytest.raises(MemoryError, match=r"out of GPU memory while timing 'big layer' \(callable\) on cpu"):
+    with pytest.raises(
+        MemoryError, match=r"out of GPU memory while timing 'big layer' \(callable\) on cpu"
+    ):
         time_callable(boom, label="big layer", device="cpu")
 
     class Huge(torch.nn.Module):

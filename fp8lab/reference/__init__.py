@@ -50,9 +50,18 @@ import torch.utils.checkpoint as _torch_checkpoint
 from fp8lab.reference import recipe
 from fp8lab.reference.attention import DotProductAttention
 from fp8lab.reference.modules import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
-from fp8lab.reference.quantization import (STATE, assert_dim_for_fp8_exec, autocast, fp8_autocast, fp8_model_init,
-                                           get_default_recipe, is_fp8_available, quantize_mxfp8, quantize_nvfp4,
-                                           quantized_model_init)
+from fp8lab.reference.quantization import (
+    STATE,
+    assert_dim_for_fp8_exec,
+    autocast,
+    fp8_autocast,
+    fp8_model_init,
+    get_default_recipe,
+    is_fp8_available,
+    quantize_mxfp8,
+    quantize_nvfp4,
+    quantized_model_init,
+)
 from fp8lab.reference.transformer import TransformerLayer
 
 __version__ = "2.20 (fp8lab CPU reference)"
@@ -80,19 +89,32 @@ class _Phase:
         STATE.checkpoint_phase, STATE.enabled, STATE.recipe = self.saved
 
 
-def checkpoint(function, *args, distribute_saved_activations: bool = False, get_rng_state_tracker=None,
-               tp_group=None, use_reentrant: bool = True, **kwargs):
+def checkpoint(
+    function,
+    *args,
+    distribute_saved_activations: bool = False,
+    get_rng_state_tracker=None,
+    tp_group=None,
+    use_reentrant: bool = True,
+    **kwargs,
+):
     """``te.checkpoint``: recompute ``function`` in the backward instead of saving its activations.
 
     As in TE, delayed-scaling scales of the first pass are reused by the recompute and no amax
     is recorded twice.
     """
     if distribute_saved_activations:
-        raise NotImplementedError("distribute_saved_activations needs tensor parallelism: use Transformer Engine")
+        raise NotImplementedError(
+            "distribute_saved_activations needs tensor parallelism: use Transformer Engine"
+        )
     shared: dict = {}
-    return _torch_checkpoint.checkpoint(function, *args, use_reentrant=False,
-                                        context_fn=lambda: (_Phase("forward", shared), _Phase("recompute", shared)),
-                                        **kwargs)
+    return _torch_checkpoint.checkpoint(
+        function,
+        *args,
+        use_reentrant=False,
+        context_fn=lambda: (_Phase("forward", shared), _Phase("recompute", shared)),
+        **kwargs,
+    )
 
 
 def is_bf16_available() -> bool:
@@ -108,7 +130,26 @@ def is_fp8_block_scaling_available(return_reason: bool = False):
     return (True, "") if return_reason else True
 
 
-__all__ = ["DotProductAttention", "LayerNorm", "LayerNormLinear", "LayerNormMLP", "Linear", "RMSNorm",
-           "TransformerLayer", "assert_dim_for_fp8_exec", "autocast", "checkpoint", "fp8_autocast", "fp8_model_init",
-           "get_default_recipe", "is_bf16_available", "is_fp8_available", "is_fp8_block_scaling_available",
-           "is_mxfp8_available", "quantize_mxfp8", "quantize_nvfp4", "quantized_model_init", "recipe"]
+__all__ = [
+    "DotProductAttention",
+    "LayerNorm",
+    "LayerNormLinear",
+    "LayerNormMLP",
+    "Linear",
+    "RMSNorm",
+    "TransformerLayer",
+    "assert_dim_for_fp8_exec",
+    "autocast",
+    "checkpoint",
+    "fp8_autocast",
+    "fp8_model_init",
+    "get_default_recipe",
+    "is_bf16_available",
+    "is_fp8_available",
+    "is_fp8_block_scaling_available",
+    "is_mxfp8_available",
+    "quantize_mxfp8",
+    "quantize_nvfp4",
+    "quantized_model_init",
+    "recipe",
+]

@@ -1,4 +1,5 @@
-"""``Linear``, ``LayerNorm``, ``RMSNorm``, ``LayerNormLinear`` and ``LayerNormMLP`` of TE 2.20 (CPU reference).
+"""``Linear``, ``LayerNorm``, ``RMSNorm``, ``LayerNormLinear`` and ``LayerNormMLP`` of TE 2.20 (CPU
+reference).
 
 Mirrors ``transformer_engine/pytorch/module/{linear,layernorm,rmsnorm,layernorm_linear,
 layernorm_mlp}.py``: the same constructor arguments, defaults and parameter names
@@ -13,7 +14,6 @@ Arguments the reference does not model raise ``NotImplementedError`` naming them
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -29,32 +29,48 @@ def _refuse(module: str, **arguments) -> None:
     """Raise for arguments given values the reference does not model."""
     for name, (value, allowed) in arguments.items():
         if value not in allowed:
-            raise NotImplementedError(f"{module}({name}={value!r}) is not modelled by the CPU reference "
-                                      f"(supported: {', '.join(map(repr, allowed))}); use Transformer Engine")
+            raise NotImplementedError(
+                f"{module}({name}={value!r}) is not modelled by the CPU reference "
+                f"(supported: {', '.join(map(repr, allowed))}); use Transformer Engine"
+            )
 
 
 def _refuse_unknown(module: str, extra: dict) -> None:
     if extra:
-        raise NotImplementedError(f"{module}: argument(s) {', '.join(sorted(extra))} not modelled by the CPU "
-                                  "reference; use Transformer Engine on a GPU")
+        raise NotImplementedError(
+            f"{module}: argument(s) {', '.join(sorted(extra))} not modelled by the CPU "
+            "reference; use Transformer Engine on a GPU"
+        )
 
 
-def check_parallel(module: str, tp_group=None, tp_size: int = 1, sequence_parallel: bool = False,
-                   parallel_mode=None, set_parallel_mode: bool = False) -> None:
+def check_parallel(
+    module: str,
+    tp_group=None,
+    tp_size: int = 1,
+    sequence_parallel: bool = False,
+    parallel_mode=None,
+    set_parallel_mode: bool = False,
+) -> None:
     """Parallel arguments are no-ops with one rank, as in TE; more ranks need TE on GPUs."""
     size = tp_size if tp_group is None else q._group_size(tp_group)
     if size != 1:
-        raise NotImplementedError(f"{module}: tensor parallelism over {size} ranks is not modelled by the CPU "
-                                  "reference; use Transformer Engine on GPUs")
+        raise NotImplementedError(
+            f"{module}: tensor parallelism over {size} ranks is not modelled by the CPU "
+            "reference; use Transformer Engine on GPUs"
+        )
     if parallel_mode not in (None, "row", "column"):
-        raise ValueError(f"{module}: parallel_mode={parallel_mode!r} must be None, 'row' or 'column'")
+        raise ValueError(
+            f"{module}: parallel_mode={parallel_mode!r} must be None, 'row' or 'column'"
+        )
     del sequence_parallel, set_parallel_mode  # no-ops with a single rank
 
 
 def _device(device) -> torch.device:
     device = torch.device("cpu" if device is None else device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but this machine has no CUDA GPU; the CPU reference runs on 'cpu'")
+        raise ValueError(
+            "device='cuda' but this machine has no CUDA GPU; the CPU reference runs on 'cpu'"
+        )
     return device
 
 
@@ -68,34 +84,60 @@ def _init_weight(shape, dtype, device, init_method) -> nn.Parameter:
 
 
 def _quantize_weight_at_init(module: nn.Module, names: tuple[str, ...]) -> None:
-    """Under ``quantized_model_init``: replace weights by their FP8 values (current scaling of the recipe)."""
+    """Under ``quantized_model_init``: replace weights by their FP8 values (current scaling of the
+    recipe)."""
     recipe = q.STATE.model_init_recipe
     if recipe is None:
         return
     for name in names:
         weight = getattr(module, name)
         with torch.no_grad():
-            fresh = recipes.Float8CurrentScaling(fp8_format=recipe.fp8_format) if recipe.delayed() else recipe
-            decoded = q.quantize_operand(weight.detach().reshape(weight.shape[0], -1), "weight", fresh, None)
+            fresh = (
+                recipes.Float8CurrentScaling(fp8_format=recipe.fp8_format)
+                if recipe.delayed()
+                else recipe
+            )
+            decoded = q.quantize_operand(
+                weight.detach().reshape(weight.shape[0], -1), "weight", fresh, None
+            )
             weight.copy_(decoded.reshape(weight.shape).to(weight.dtype))
         weight._fp8lab_quantized = True
 
 
-def make_fp8_meta(recipe: Optional[recipes.Recipe]) -> dict:
+def make_fp8_meta(recipe: recipes.Recipe | None) -> dict:
     history = recipe.amax_history_len if isinstance(recipe, recipes.DelayedScaling) else 1
-    return {"scaling_fwd": q.ScalingMeta.create(history, 3), "scaling_bwd": q.ScalingMeta.create(history, 2),
-            "recipe": recipe}
+    return {
+        "scaling_fwd": q.ScalingMeta.create(history, 3),
+        "scaling_bwd": q.ScalingMeta.create(history, 2),
+        "recipe": recipe,
+    }
 
 
 class _FP8Gemm(torch.autograd.Function):
     """``y = x @ w.T + b`` with TE's FP8 semantics (x: [tokens, in], w: [out, in])."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe, meta, cached_weight, fuse_wgrad, reduce_bwd, bwd_metas, out_dtype,
-                x_amax):
+    def forward(
+        ctx,
+        x,
+        weight,
+        bias,
+        recipe,
+        meta,
+        cached_weight,
+        fuse_wgrad,
+        reduce_bwd,
+        bwd_metas,
+        out_dtype,
+        x_amax,
+    ):
         q.assert_dim_for_fp8_exec(x, weight)
         xq = q.quantize_operand(x, "input", recipe, meta, amax=x_amax)
-        wq = cached_weight if cached_weight is not None else q.quantize_operand(weight, "weight", recipe, meta)
+        wq = (
+            cached_weight
+            if cached_weight is not None
+            else q.quantize_operand(weight, "weight", recipe, meta)
+        )
         out = xq @ wq.t()
         if bias is not None:
             out = out + bias.float()
@@ -112,7 +154,11 @@ class _FP8Gemm(torch.autograd.Function):
         grad2d = grad_out.reshape(-1, grad_out.shape[-1])
         gq = q.quantize_operand(grad2d, "grad_output", ctx.recipe, ctx.meta)
         block = isinstance(ctx.recipe, (recipes.Float8BlockScaling, recipes.MXFP8BlockScaling))
-        gq_t = q.quantize_operand(grad2d, "grad_output", ctx.recipe, ctx.meta, columnwise=True) if block else gq
+        gq_t = (
+            q.quantize_operand(grad2d, "grad_output", ctx.recipe, ctx.meta, columnwise=True)
+            if block
+            else gq
+        )
         grad_x = (gq @ wq).to(ctx.x_dtype)
         wgrad = gq_t.t() @ xq_t
         grad_bias = grad2d.float().sum(0).to(weight.dtype) if ctx.has_bias else None
@@ -127,7 +173,8 @@ class _FP8Gemm(torch.autograd.Function):
 
 
 class _MainGradAccumulate(torch.autograd.Function):
-    """A high-precision GEMM whose weight gradient goes into ``weight.main_grad`` (fuse_wgrad_accumulation)."""
+    """A high-precision GEMM whose weight gradient goes into ``weight.main_grad``
+    (fuse_wgrad_accumulation)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias):
@@ -150,29 +197,60 @@ class _GemmModule(nn.Module):
         self.fp8_meta = make_fp8_meta(None)
         self._weight_cache: dict[str, torch.Tensor] = {}
 
-    def _gemm(self, x2d: torch.Tensor, weight: nn.Parameter, bias: Optional[torch.Tensor], name: str,
-              is_first_microbatch: Optional[bool], out_dtype: Optional[torch.dtype] = None,
-              input_amax: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def _gemm(
+        self,
+        x2d: torch.Tensor,
+        weight: nn.Parameter,
+        bias: torch.Tensor | None,
+        name: str,
+        is_first_microbatch: bool | None,
+        out_dtype: torch.dtype | None = None,
+        input_amax: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``x2d @ weight.T + bias``; under autocast an FP8 GEMM whose output has ``out_dtype``
         (default: the input's; fused producers hand over FP32 values, as TE's fused casts do).
-        ``input_amax``: the amax a producing kernel measured before rounding its output to 16 bits."""
+        ``input_amax``: the amax a producing kernel measured before rounding its output to 16
+        bits."""
         if self.fuse_wgrad_accumulation and not hasattr(weight, "main_grad"):
-            raise RuntimeError(f"fuse_wgrad_accumulation=True needs {name}.main_grad (an FP32 tensor of the "
-                               "weight's shape) to be set before the backward")
+            raise RuntimeError(
+                f"fuse_wgrad_accumulation=True needs {name}.main_grad (an FP32 tensor of the "
+                "weight's shape) to be set before the backward"
+            )
         if not q.STATE.enabled:
             if self.fuse_wgrad_accumulation:
                 return _MainGradAccumulate.apply(x2d, weight, bias)
             return F.linear(x2d, weight, bias)
         recipe = q.STATE.recipe
-        if self.fp8_meta["recipe"] is None or type(self.fp8_meta["recipe"]) is not type(recipe) or (
-                recipe.delayed() and self.fp8_meta["scaling_fwd"].amax_history.shape[0] != recipe.amax_history_len):
+        if (
+            self.fp8_meta["recipe"] is None
+            or type(self.fp8_meta["recipe"]) is not type(recipe)
+            or (
+                recipe.delayed()
+                and self.fp8_meta["scaling_fwd"].amax_history.shape[0] != recipe.amax_history_len
+            )
+        ):
             self.fp8_meta = make_fp8_meta(recipe)
         # one meta per GEMM so each weight keeps its own history, as in TE's multi-GEMM modules
-        meta = self.fp8_meta if name == "weight" else self.fp8_meta.setdefault(name, make_fp8_meta(recipe))
+        meta = (
+            self.fp8_meta
+            if name == "weight"
+            else self.fp8_meta.setdefault(name, make_fp8_meta(recipe))
+        )
         bwd_metas = q.register_module_metas(meta, recipe)
         cached = self._weight_cache.get(name) if is_first_microbatch is False else None
-        out, wq = _FP8Gemm.apply(x2d, weight, bias, recipe, meta, cached, self.fuse_wgrad_accumulation,
-                                 bwd_metas is not None, bwd_metas, out_dtype or x2d.dtype, input_amax)
+        out, wq = _FP8Gemm.apply(
+            x2d,
+            weight,
+            bias,
+            recipe,
+            meta,
+            cached,
+            self.fuse_wgrad_accumulation,
+            bwd_metas is not None,
+            bwd_metas,
+            out_dtype or x2d.dtype,
+            input_amax,
+        )
         if is_first_microbatch is not None and cached is None:
             self._weight_cache[name] = wq.detach()
         return out
@@ -180,17 +258,27 @@ class _GemmModule(nn.Module):
 
 def _norm_weight(size: int, zero_centered_gamma: bool, dtype, device) -> nn.Parameter:
     """A norm's gamma: ones, or zeros when TE stores it zero-centred (gamma = 1 + weight)."""
-    return nn.Parameter(torch.full((size,), 0.0 if zero_centered_gamma else 1.0, dtype=dtype, device=device))
+    return nn.Parameter(
+        torch.full((size,), 0.0 if zero_centered_gamma else 1.0, dtype=dtype, device=device)
+    )
 
 
 class _Norm(nn.Module):
-    """What ``te.LayerNorm`` and ``te.RMSNorm`` share: their arguments, gamma and (LayerNorm) beta."""
+    """What ``te.LayerNorm`` and ``te.RMSNorm`` share: their arguments, gamma and (LayerNorm)
+    beta."""
 
     kind = "LayerNorm"
 
-    def __init__(self, hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
-                 params_dtype: Optional[torch.dtype] = None, zero_centered_gamma: bool = False,
-                 device=None, **extra):
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-5,
+        sequence_parallel: bool = False,
+        params_dtype: torch.dtype | None = None,
+        zero_centered_gamma: bool = False,
+        device=None,
+        **extra,
+    ):
         super().__init__()
         _refuse_unknown(self.kind, extra)
         check_parallel(self.kind, sequence_parallel=sequence_parallel)
@@ -198,8 +286,11 @@ class _Norm(nn.Module):
         device = _device(device)
         self.eps, self.zero_centered_gamma = eps, zero_centered_gamma
         self.weight = _norm_weight(hidden_size, zero_centered_gamma, dtype, device)
-        self.bias = (nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
-                     if self.kind == "LayerNorm" else None)
+        self.bias = (
+            nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
+            if self.kind == "LayerNorm"
+            else None
+        )
 
 
 class LayerNorm(_Norm):
@@ -248,7 +339,9 @@ class _RoundForward(torch.autograd.Function):
 
 def layer_norm(x, weight, bias, eps, zero_centered_gamma=False):
     gamma = weight.float() + 1 if zero_centered_gamma else weight.float()
-    out = F.layer_norm(x.float(), x.shape[-1:], gamma, bias.float() if bias is not None else None, eps)
+    out = F.layer_norm(
+        x.float(), x.shape[-1:], gamma, bias.float() if bias is not None else None, eps
+    )
     return out.to(x.dtype)
 
 
@@ -272,71 +365,143 @@ def _norm(kind: str, x, weight, bias, eps, zero_centered_gamma):
 class Linear(_GemmModule):
     """``te.Linear(in_features, out_features, bias=True, ...)``: ``y = x W^T + b``."""
 
-    def __init__(self, in_features: int, out_features: int, sequence_parallel: bool = False,
-                 fuse_wgrad_accumulation: bool = False, tp_group=None, tp_size: int = 1,
-                 get_rng_state_tracker=None, rng_tracker_name=None, init_method=None, bias: bool = True,
-                 return_bias: bool = False, params_dtype: Optional[torch.dtype] = None, parallel_mode=None,
-                 parameters_split=None, device=None, name: Optional[str] = None, **extra):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
+        tp_group=None,
+        tp_size: int = 1,
+        get_rng_state_tracker=None,
+        rng_tracker_name=None,
+        init_method=None,
+        bias: bool = True,
+        return_bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        parallel_mode=None,
+        parameters_split=None,
+        device=None,
+        name: str | None = None,
+        **extra,
+    ):
         super().__init__()
         _refuse_unknown("Linear", extra)
         check_parallel("Linear", tp_group, tp_size, sequence_parallel, parallel_mode)
         _refuse("Linear", parameters_split=(parameters_split, (None,)))
         dtype = params_dtype or torch.get_default_dtype()
         device = _device(device)
-        self.in_features, self.out_features, self.return_bias = in_features, out_features, return_bias
+        self.in_features, self.out_features, self.return_bias = (
+            in_features,
+            out_features,
+            return_bias,
+        )
         self.weight = _init_weight((out_features, in_features), dtype, device, init_method)
-        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
+        self.bias = (
+            nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
+        )
         self._setup_gemm_state(fuse_wgrad_accumulation)
         _quantize_weight_at_init(self, ("weight",))
 
-    def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None, fp8_output: bool = False,
-                fp8_grad: bool = False):
+    def forward(
+        self,
+        inp: torch.Tensor,
+        is_first_microbatch: bool | None = None,
+        fp8_output: bool = False,
+        fp8_grad: bool = False,
+    ):
         _refuse("Linear.forward", fp8_output=(fp8_output, (False,)), fp8_grad=(fp8_grad, (False,)))
         bias = None if self.return_bias else self.bias
-        out = self._gemm(inp.reshape(-1, inp.shape[-1]), self.weight, bias, "weight", is_first_microbatch)
+        out = self._gemm(
+            inp.reshape(-1, inp.shape[-1]), self.weight, bias, "weight", is_first_microbatch
+        )
         out = out.reshape(*inp.shape[:-1], self.out_features)
         return (out, self.bias) if self.return_bias else out
 
 
 class LayerNormLinear(_GemmModule):
-    """``te.LayerNormLinear``: a norm (LayerNorm or RMSNorm) fused with the Linear that follows it."""
+    """``te.LayerNormLinear``: a norm (LayerNorm or RMSNorm) fused with the Linear that follows
+    it."""
 
-    def __init__(self, in_features: int, out_features: int, eps: float = 1e-5, sequence_parallel: bool = False,
-                 fuse_wgrad_accumulation: bool = False, tp_group=None, tp_size: int = 1,
-                 get_rng_state_tracker=None, init_method=None, bias: bool = True, normalization: str = "LayerNorm",
-                 return_bias: bool = False, params_dtype: Optional[torch.dtype] = None, parallel_mode=None,
-                 return_layernorm_output: bool = False, return_layernorm_output_gathered: bool = False,
-                 parameters_split=None, zero_centered_gamma: bool = False, device=None,
-                 name: Optional[str] = None, **extra):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        eps: float = 1e-5,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
+        tp_group=None,
+        tp_size: int = 1,
+        get_rng_state_tracker=None,
+        init_method=None,
+        bias: bool = True,
+        normalization: str = "LayerNorm",
+        return_bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        parallel_mode=None,
+        return_layernorm_output: bool = False,
+        return_layernorm_output_gathered: bool = False,
+        parameters_split=None,
+        zero_centered_gamma: bool = False,
+        device=None,
+        name: str | None = None,
+        **extra,
+    ):
         super().__init__()
-        extra = {k: v for k, v in extra.items() if not (k.startswith("ub_") and not v) and k != "fp8_output"}
+        extra = {
+            k: v
+            for k, v in extra.items()
+            if not (k.startswith("ub_") and not v) and k != "fp8_output"
+        }
         _refuse_unknown("LayerNormLinear", extra)
         check_parallel("LayerNormLinear", tp_group, tp_size, sequence_parallel, parallel_mode)
         _refuse("LayerNormLinear", normalization=(normalization, ("LayerNorm", "RMSNorm")))
         dtype = params_dtype or torch.get_default_dtype()
         device = _device(device)
-        self.normalization, self.eps, self.zero_centered_gamma = normalization, eps, zero_centered_gamma
+        self.normalization, self.eps, self.zero_centered_gamma = (
+            normalization,
+            eps,
+            zero_centered_gamma,
+        )
         self.return_bias, self.return_layernorm_output = return_bias, return_layernorm_output
         self.in_features, self.out_features = in_features, out_features
         self.layer_norm_weight = _norm_weight(in_features, zero_centered_gamma, dtype, device)
-        self.layer_norm_bias = (nn.Parameter(torch.zeros(in_features, dtype=dtype, device=device))
-                                if normalization == "LayerNorm" else None)
+        self.layer_norm_bias = (
+            nn.Parameter(torch.zeros(in_features, dtype=dtype, device=device))
+            if normalization == "LayerNorm"
+            else None
+        )
         if parameters_split is None:
             self.split = None
             self.weight = _init_weight((out_features, in_features), dtype, device, init_method)
-            self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
+            self.bias = (
+                nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device))
+                if bias
+                else None
+            )
             weights = ("weight",)
         else:
-            sizes = (dict(parameters_split) if isinstance(parameters_split, dict)
-                     else {n: out_features // len(parameters_split) for n in parameters_split})
+            sizes = (
+                dict(parameters_split)
+                if isinstance(parameters_split, dict)
+                else {n: out_features // len(parameters_split) for n in parameters_split}
+            )
             if sum(sizes.values()) != out_features:
-                raise ValueError(f"parameters_split sizes {sizes} must add up to out_features={out_features}")
+                raise ValueError(
+                    f"parameters_split sizes {sizes} must add up to out_features={out_features}"
+                )
             self.split = sizes
             for part, size in sizes.items():
-                setattr(self, f"{part.rstrip('_')}_weight", _init_weight((size, in_features), dtype, device,
-                                                                       init_method))
-                setattr(self, f"{part.rstrip('_')}_bias",
-                        nn.Parameter(torch.zeros(size, dtype=dtype, device=device)) if bias else None)
+                setattr(
+                    self,
+                    f"{part.rstrip('_')}_weight",
+                    _init_weight((size, in_features), dtype, device, init_method),
+                )
+                setattr(
+                    self,
+                    f"{part.rstrip('_')}_bias",
+                    nn.Parameter(torch.zeros(size, dtype=dtype, device=device)) if bias else None,
+                )
             weights = tuple(f"{p.rstrip('_')}_weight" for p in sizes)
         self._setup_gemm_state(fuse_wgrad_accumulation)
         _quantize_weight_at_init(self, weights)
@@ -349,16 +514,31 @@ class LayerNormLinear(_GemmModule):
         biases = [getattr(self, f"{p}_bias") for p in parts]
         return weight, (torch.cat(biases) if biases[0] is not None else None)
 
-    def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None, fp8_output: bool = False):
+    def forward(
+        self, inp: torch.Tensor, is_first_microbatch: bool | None = None, fp8_output: bool = False
+    ):
         _refuse("LayerNormLinear.forward", fp8_output=(fp8_output, (False,)))
         if self.split is not None and self.fuse_wgrad_accumulation:
-            raise NotImplementedError("fuse_wgrad_accumulation with parameters_split is not modelled by the CPU "
-                                      "reference")
-        normed = _norm(self.normalization, inp, self.layer_norm_weight, self.layer_norm_bias, self.eps,
-                       self.zero_centered_gamma)
+            raise NotImplementedError(
+                "fuse_wgrad_accumulation with parameters_split is not modelled by the CPU reference"
+            )
+        normed = _norm(
+            self.normalization,
+            inp,
+            self.layer_norm_weight,
+            self.layer_norm_bias,
+            self.eps,
+            self.zero_centered_gamma,
+        )
         weight, bias = self._weight_and_bias()
-        out = self._gemm(normed.reshape(-1, inp.shape[-1]), weight, None if self.return_bias else bias,
-                         "weight", is_first_microbatch, inp.dtype)
+        out = self._gemm(
+            normed.reshape(-1, inp.shape[-1]),
+            weight,
+            None if self.return_bias else bias,
+            "weight",
+            is_first_microbatch,
+            inp.dtype,
+        )
         out = out.reshape(*inp.shape[:-1], self.out_features)
         result = (out, bias) if self.return_bias else (out,)
         if self.return_layernorm_output:
@@ -376,7 +556,9 @@ def apply_activation(x: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "silu":
         return F.silu(x)
     gate, value = x.chunk(2, dim=-1)
-    act = {"swiglu": F.silu, "geglu": lambda t: F.gelu(t, approximate="tanh"), "reglu": F.relu}[kind]
+    act = {"swiglu": F.silu, "geglu": lambda t: F.gelu(t, approximate="tanh"), "reglu": F.relu}[
+        kind
+    ]
     return act(gate) * value
 
 
@@ -386,20 +568,50 @@ ACTIVATIONS = ("gelu", "relu", "silu", "swiglu", "geglu", "reglu")
 class LayerNormMLP(_GemmModule):
     """``te.LayerNormMLP``: norm, FC1, activation, FC2 (one fused module in TE)."""
 
-    def __init__(self, hidden_size: int, ffn_hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
-                 return_bias: bool = False, get_rng_state_tracker=None, tp_group=None, tp_size: int = 1,
-                 init_method=None, bias: bool = True, normalization: str = "LayerNorm", activation: str = "gelu",
-                 activation_params=None, output_layer_init_method=None, fuse_wgrad_accumulation: bool = False,
-                 params_dtype: Optional[torch.dtype] = None, return_layernorm_output: bool = False,
-                 return_layernorm_output_gathered: bool = False, seq_length=None, micro_batch_size=None,
-                 set_parallel_mode: bool = False, zero_centered_gamma: bool = False, device=None,
-                 name: Optional[str] = None, **extra):
+    def __init__(
+        self,
+        hidden_size: int,
+        ffn_hidden_size: int,
+        eps: float = 1e-5,
+        sequence_parallel: bool = False,
+        return_bias: bool = False,
+        get_rng_state_tracker=None,
+        tp_group=None,
+        tp_size: int = 1,
+        init_method=None,
+        bias: bool = True,
+        normalization: str = "LayerNorm",
+        activation: str = "gelu",
+        activation_params=None,
+        output_layer_init_method=None,
+        fuse_wgrad_accumulation: bool = False,
+        params_dtype: torch.dtype | None = None,
+        return_layernorm_output: bool = False,
+        return_layernorm_output_gathered: bool = False,
+        seq_length=None,
+        micro_batch_size=None,
+        set_parallel_mode: bool = False,
+        zero_centered_gamma: bool = False,
+        device=None,
+        name: str | None = None,
+        **extra,
+    ):
         super().__init__()
         extra = {k: v for k, v in extra.items() if not (k.startswith("ub_") and not v)}
         _refuse_unknown("LayerNormMLP", extra)
-        check_parallel("LayerNormMLP", tp_group, tp_size, sequence_parallel, set_parallel_mode=set_parallel_mode)
-        _refuse("LayerNormMLP", normalization=(normalization, ("LayerNorm", "RMSNorm")),
-                activation=(activation, ACTIVATIONS), activation_params=(activation_params, (None,)))
+        check_parallel(
+            "LayerNormMLP",
+            tp_group,
+            tp_size,
+            sequence_parallel,
+            set_parallel_mode=set_parallel_mode,
+        )
+        _refuse(
+            "LayerNormMLP",
+            normalization=(normalization, ("LayerNorm", "RMSNorm")),
+            activation=(activation, ACTIVATIONS),
+            activation_params=(activation_params, (None,)),
+        )
         dtype = params_dtype or torch.get_default_dtype()
         device = _device(device)
         gated = activation in ("swiglu", "geglu", "reglu")
@@ -407,28 +619,52 @@ class LayerNormMLP(_GemmModule):
         self.zero_centered_gamma, self.return_bias = zero_centered_gamma, return_bias
         self.return_layernorm_output = return_layernorm_output
         self.layer_norm_weight = _norm_weight(hidden_size, zero_centered_gamma, dtype, device)
-        self.layer_norm_bias = (nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
-                                if normalization == "LayerNorm" else None)
+        self.layer_norm_bias = (
+            nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
+            if normalization == "LayerNorm"
+            else None
+        )
         fc1_out = 2 * ffn_hidden_size if gated else ffn_hidden_size
         self.fc1_weight = _init_weight((fc1_out, hidden_size), dtype, device, init_method)
-        self.fc1_bias = nn.Parameter(torch.zeros(fc1_out, dtype=dtype, device=device)) if bias else None
-        self.fc2_weight = _init_weight((hidden_size, ffn_hidden_size), dtype, device,
-                                       output_layer_init_method or init_method)
-        self.fc2_bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device)) if bias else None
+        self.fc1_bias = (
+            nn.Parameter(torch.zeros(fc1_out, dtype=dtype, device=device)) if bias else None
+        )
+        self.fc2_weight = _init_weight(
+            (hidden_size, ffn_hidden_size), dtype, device, output_layer_init_method or init_method
+        )
+        self.fc2_bias = (
+            nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device)) if bias else None
+        )
         self._setup_gemm_state(fuse_wgrad_accumulation)
         _quantize_weight_at_init(self, ("fc1_weight", "fc2_weight"))
 
-    def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None):
-        normed = _norm(self.normalization, inp, self.layer_norm_weight, self.layer_norm_bias, self.eps,
-                       self.zero_centered_gamma)
+    def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None):
+        normed = _norm(
+            self.normalization,
+            inp,
+            self.layer_norm_weight,
+            self.layer_norm_bias,
+            self.eps,
+            self.zero_centered_gamma,
+        )
         dtype = inp.dtype
-        hidden = self._gemm(normed.reshape(-1, inp.shape[-1]), self.fc1_weight, self.fc1_bias, "fc1_weight",
-                            is_first_microbatch, torch.float32 if q.STATE.enabled else dtype)
+        hidden = self._gemm(
+            normed.reshape(-1, inp.shape[-1]),
+            self.fc1_weight,
+            self.fc1_bias,
+            "fc1_weight",
+            is_first_microbatch,
+            torch.float32 if q.STATE.enabled else dtype,
+        )
         if q.STATE.enabled:
-            # FC1 writes 16 bits; its gradient reaches FC1's FP8 cast in FP32 where TE fuses dGeLU and cast
+            # FC1 writes 16 bits; its gradient reaches FC1's FP8 cast in FP32 where TE fuses dGeLU
+            # and cast
             fused_backward = self.activation == "gelu" and fused_cast("gelu backward")
-            hidden = _RoundForward.apply(hidden, dtype) if fused_backward else hidden.to(dtype).float()
-        # TE computes the activation in FP32; where it fuses activation and cast, that result is quantized;
+            hidden = (
+                _RoundForward.apply(hidden, dtype) if fused_backward else hidden.to(dtype).float()
+            )
+        # TE computes the activation in FP32; where it fuses activation and cast, that result is
+        # quantized;
         # under current scaling it writes 16 bits but takes the amax of the FP32 values (one kernel)
         activated = apply_activation(hidden.float(), self.activation)
         amax = None
@@ -438,8 +674,15 @@ class LayerNormMLP(_GemmModule):
             hidden = activated.to(dtype)
             if q.STATE.enabled and isinstance(q.STATE.recipe, recipes.Float8CurrentScaling):
                 amax = q.amax_of(activated.detach())
-        out = self._gemm(hidden, self.fc2_weight, None if self.return_bias else self.fc2_bias, "fc2_weight",
-                         is_first_microbatch, dtype, input_amax=amax)
+        out = self._gemm(
+            hidden,
+            self.fc2_weight,
+            None if self.return_bias else self.fc2_bias,
+            "fc2_weight",
+            is_first_microbatch,
+            dtype,
+            input_amax=amax,
+        )
         out = out.reshape(*inp.shape)
         result = (out, self.fc2_bias) if self.return_bias else (out,)
         if self.return_layernorm_output:

@@ -28,18 +28,18 @@ import contextlib
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
+from fp8lab.formats import FP32_MAX, divide, scale_from_amax
 from fp8lab.reference import recipe as recipes
 
-FP32_MAX = torch.finfo(torch.float32).max
 FP8_DTYPES = {448.0: torch.float8_e4m3fn, 57344.0: torch.float8_e5m2}
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
 # --- casts -------------------------------------------------------------------------------------
+
 
 def fp8_dtype(fmt: recipes.Format, backward: bool) -> torch.dtype:
     """The torch dtype of a recipe's format in the forward or backward pass."""
@@ -58,28 +58,6 @@ def cast_to_fp8(x: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtype
 
 def amax_of(x: torch.Tensor) -> torch.Tensor:
     return x.detach().abs().amax().float() if x.numel() else torch.zeros((), dtype=torch.float32)
-
-
-def scale_from_amax(amax: torch.Tensor, max_value: float, power_of_2: bool = False,
-                    epsilon: float = 0.0) -> torch.Tensor:
-    """TE's ``compute_scale_from_amax``: ``max/amax``, 1 for a zero or non-finite amax."""
-    amax = torch.clamp(amax.float(), min=epsilon) if epsilon > 0 else amax.float()
-    bad = ~torch.isfinite(amax) | (amax == 0)
-    scale = torch.where(bad, torch.ones_like(amax), divide(max_value, torch.where(bad, torch.ones_like(amax), amax)))
-    scale = torch.where(torch.isinf(scale), torch.full_like(scale, FP32_MAX), scale)
-    if power_of_2:  # TE keeps the sign and exponent bits of the FP32 scale
-        scale = torch.ldexp(torch.ones_like(scale), torch.frexp(scale).exponent - 1)
-    return scale
-
-
-def divide(numerator: float, denominator: torch.Tensor) -> torch.Tensor:
-    """``numerator / denominator`` correctly rounded in FP32, as TE's scale kernels compute it.
-
-    PyTorch evaluates ``float / tensor`` as ``float * (1 / tensor)``: two roundings, which can
-    be one FP32 ulp off. One ulp matters: a BF16 value times a scale of exactly ``max / amax``
-    can land on a tie between two FP8 values, and the ulp decides which way it rounds.
-    """
-    return torch.div(torch.full_like(denominator, numerator, dtype=torch.float32), denominator.float())
 
 
 @dataclass
@@ -106,8 +84,11 @@ def _blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, int]:
     return x.reshape(rows, -1, block), cols
 
 
-def quantize_blocks_1d(x2d: torch.Tensor, dtype: torch.dtype, block: int, power_of_2: bool) -> Quantized:
-    """One scale per ``1 x block`` run of each row (Float8BlockScaling for activations and gradients)."""
+def quantize_blocks_1d(
+    x2d: torch.Tensor, dtype: torch.dtype, block: int, power_of_2: bool
+) -> Quantized:
+    """One scale per ``1 x block`` run of each row (Float8BlockScaling for activations and
+    gradients)."""
     tiles, cols = _blocks(x2d.float(), block)
     scale = scale_from_amax(tiles.abs().amax(-1, keepdim=True), fp8_max(dtype), power_of_2)
     data = cast_to_fp8(tiles, scale, dtype).reshape(x2d.shape[0], -1)[:, :cols]
@@ -115,7 +96,9 @@ def quantize_blocks_1d(x2d: torch.Tensor, dtype: torch.dtype, block: int, power_
     return Quantized(data, inv)
 
 
-def quantize_blocks_2d(w2d: torch.Tensor, dtype: torch.dtype, block: int, power_of_2: bool) -> Quantized:
+def quantize_blocks_2d(
+    w2d: torch.Tensor, dtype: torch.dtype, block: int, power_of_2: bool
+) -> Quantized:
     """One scale per ``block x block`` tile (Float8BlockScaling for weights)."""
     rows, cols = w2d.shape
     padded = torch.nn.functional.pad(w2d.float(), (0, (-cols) % block, 0, (-rows) % block))
@@ -128,13 +111,16 @@ def quantize_blocks_2d(w2d: torch.Tensor, dtype: torch.dtype, block: int, power_
 
 
 def e8m0_scale(amax: torch.Tensor, max_value: float) -> torch.Tensor:
-    """MXFP8 block scale: the power of two ``2**ceil(log2(amax / max))`` (E8M0), 1 for a zero block."""
+    """MXFP8 block scale: the power of two ``2**ceil(log2(amax / max))`` (E8M0), 1 for a zero
+    block."""
     ratio = amax.float() / max_value
     exponent = torch.where(ratio > 0, torch.ceil(torch.log2(ratio)), torch.zeros_like(ratio))
     return torch.exp2(exponent.clamp(-127, 127))
 
 
-def quantize_mxfp8(x2d: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, block: int = 32) -> Quantized:
+def quantize_mxfp8(
+    x2d: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, block: int = 32
+) -> Quantized:
     """MXFP8: 32 consecutive values share one E8M0 scale; values are ``x / scale`` in FP8."""
     tiles, cols = _blocks(x2d.float(), block)
     decode = e8m0_scale(tiles.abs().amax(-1, keepdim=True), fp8_max(dtype))
@@ -151,7 +137,9 @@ def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
     candidates = distance == nearest
     codes = torch.arange(len(grid), device=x.device)
     # among equally near grid points prefer the even code (its mantissa bit is 0)
-    preference = torch.where(candidates, (codes % 2) * 2 + codes * 1e-3, torch.full_like(distance, 1e9))
+    preference = torch.where(
+        candidates, (codes % 2) * 2 + codes * 1e-3, torch.full_like(distance, 1e9)
+    )
     return torch.sign(x) * grid[preference.argmin(-1)]
 
 
@@ -159,7 +147,7 @@ def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
 class NVFP4Quantized:
     """NVFP4: E2M1 values, an E4M3 scale per 16 values, and one FP32 scale for the tensor."""
 
-    values: torch.Tensor        # E2M1 values held as float32 (torch has no unpacked FP4 dtype)
+    values: torch.Tensor  # E2M1 values held as float32 (torch has no unpacked FP4 dtype)
     block_scales: torch.Tensor  # E4M3, one per block
     tensor_scale: torch.Tensor  # FP32 encode scale: (448 * 6) / amax
 
@@ -186,16 +174,18 @@ def quantize_nvfp4(x2d: torch.Tensor, block: int = 16) -> NVFP4Quantized:
 
 # --- state: autocast, quantized_model_init, delayed-scaling meta --------------------------------
 
+
 @dataclass
 class ScalingMeta:
-    """Delayed-scaling state of one module in one direction (``scaling_fwd`` / ``scaling_bwd`` in TE)."""
+    """Delayed-scaling state of one module in one direction (``scaling_fwd`` / ``scaling_bwd`` in
+    TE)."""
 
     amax_history: torch.Tensor
     scale: torch.Tensor
     stash: deque = field(default_factory=deque)
 
     @classmethod
-    def create(cls, history_len: int, slots: int) -> "ScalingMeta":
+    def create(cls, history_len: int, slots: int) -> ScalingMeta:
         return cls(torch.zeros(history_len, slots), torch.ones(slots))
 
     def update(self, fp8_max_value: float, recipe: recipes.DelayedScaling) -> None:
@@ -210,9 +200,11 @@ class ScalingMeta:
             self.amax_history.copy_(torch.roll(self.amax_history, -1, 0))
         self.amax_history[0].fill_(0.0)
         if recipe.scaling_factor_compute_algo is not None:
-            self.scale.copy_(recipe.scaling_factor_compute_algo(amax, self.scale, fp8_max_value, recipe))
+            self.scale.copy_(
+                recipe.scaling_factor_compute_algo(amax, self.scale, fp8_max_value, recipe)
+            )
             return
-        new = divide(fp8_max_value * 2.0 ** -recipe.margin, amax)
+        new = divide(fp8_max_value * 2.0**-recipe.margin, amax)
         new = torch.where(amax > 0.0, new, self.scale)
         new = torch.where(torch.isfinite(amax), new, self.scale)
         new = torch.where(torch.isinf(new), torch.full_like(new, FP32_MAX), new)
@@ -224,15 +216,15 @@ class _State:
 
     def __init__(self):
         self.enabled = False
-        self.recipe: Optional[recipes.Recipe] = None
+        self.recipe: recipes.Recipe | None = None
         self.depth = 0
         self.is_first_module = False
         self.forward_metas: list = []
         self.backward_metas: list = []
-        self.model_init_recipe: Optional[recipes.Recipe] = None
-        self.checkpoint_phase: Optional[str] = None  # None, "forward" or "recompute"
-        self.checkpoint_first_metas: Optional[list] = None
-        self.recompute_first_metas: Optional[list] = None
+        self.model_init_recipe: recipes.Recipe | None = None
+        self.checkpoint_phase: str | None = None  # None, "forward" or "recompute"
+        self.checkpoint_first_metas: list | None = None
+        self.recompute_first_metas: list | None = None
 
 
 STATE = _State()
@@ -243,16 +235,22 @@ def get_default_recipe() -> recipes.Recipe:
     return recipes.DelayedScaling()
 
 
-def check_recipe_support(recipe: Optional[recipes.Recipe]) -> None:
+def check_recipe_support(recipe: recipes.Recipe | None) -> None:
     if recipe is not None and not isinstance(recipe, recipes.Recipe):
         raise TypeError(f"recipe must be a transformer_engine recipe, got {type(recipe).__name__}")
     if isinstance(recipe, recipes.NVFP4BlockScaling):
-        raise NotImplementedError("NVFP4BlockScaling training is not modelled by the CPU reference (random "
-                                  "Hadamard transform, stochastic rounding); use quantize_nvfp4() for its "
-                                  "numerics, and Transformer Engine on a Blackwell GPU to train with it")
-    if recipe is not None and (getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False)):
-        raise NotImplementedError("fp8_dpa / fp8_mha (FP8 attention) are not modelled by the CPU reference; "
-                                  "use Transformer Engine on a GPU")
+        raise NotImplementedError(
+            "NVFP4BlockScaling training is not modelled by the CPU reference (random "
+            "Hadamard transform, stochastic rounding); use quantize_nvfp4() for its "
+            "numerics, and Transformer Engine on a Blackwell GPU to train with it"
+        )
+    if recipe is not None and (
+        getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False)
+    ):
+        raise NotImplementedError(
+            "fp8_dpa / fp8_mha (FP8 attention) are not modelled by the CPU reference; "
+            "use Transformer Engine on a GPU"
+        )
 
 
 def is_fp8_available(return_reason: bool = False):
@@ -263,19 +261,31 @@ def is_fp8_available(return_reason: bool = False):
 class autocast:
     """``te.autocast``: quantize the GEMMs of TE modules run inside, following ``recipe``."""
 
-    def __init__(self, enabled: bool = True, calibrating: bool = False, recipe: Optional[recipes.Recipe] = None,
-                 amax_reduction_group=None, _graph: bool = False):
+    def __init__(
+        self,
+        enabled: bool = True,
+        calibrating: bool = False,
+        recipe: recipes.Recipe | None = None,
+        amax_reduction_group=None,
+        _graph: bool = False,
+    ):
         if calibrating:
             raise NotImplementedError("calibrating=True is not modelled by the CPU reference")
         if _graph:
-            raise NotImplementedError("_graph=True (CUDA graphs) is not modelled by the CPU reference")
+            raise NotImplementedError(
+                "_graph=True (CUDA graphs) is not modelled by the CPU reference"
+            )
         if amax_reduction_group is not None and _group_size(amax_reduction_group) > 1:
-            raise NotImplementedError("amax_reduction_group of several ranks: use Transformer Engine on GPUs")
+            raise NotImplementedError(
+                "amax_reduction_group of several ranks: use Transformer Engine on GPUs"
+            )
         self._enabled, self._recipe, self._saved = enabled, recipe, None
 
     def __enter__(self):
         if self._saved is not None:
-            raise RuntimeError("autocast context manager cannot be entered more than once concurrently")
+            raise RuntimeError(
+                "autocast context manager cannot be entered more than once concurrently"
+            )
         if self._enabled:
             check_recipe_support(self._recipe)
         self._saved = (STATE.enabled, STATE.recipe, STATE.is_first_module)
@@ -303,24 +313,39 @@ def _group_size(group) -> int:
     return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
 
 
-def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe=None, fp8_group=None, _graph=False):  # deprecated
-    warnings.warn("fp8_autocast is deprecated and will be removed in a future release. "
-                  "Use autocast(enabled=..., calibrating=..., recipe=..., group=..., _graph=...) instead.",
-                  category=DeprecationWarning, stacklevel=2)
-    return autocast(enabled=enabled, calibrating=calibrating, recipe=fp8_recipe, amax_reduction_group=fp8_group,
-                    _graph=_graph)
+def fp8_autocast(
+    enabled: bool = True, calibrating: bool = False, fp8_recipe=None, fp8_group=None, _graph=False
+):  # deprecated
+    warnings.warn(
+        "fp8_autocast is deprecated and will be removed in a future release. "
+        "Use autocast(enabled=..., calibrating=..., recipe=..., group=..., _graph=...) instead.",
+        category=DeprecationWarning,
+        stacklevel=2,
+    )
+    return autocast(
+        enabled=enabled,
+        calibrating=calibrating,
+        recipe=fp8_recipe,
+        amax_reduction_group=fp8_group,
+        _graph=_graph,
+    )
 
 
 @contextlib.contextmanager
-def quantized_model_init(enabled: bool = True, recipe: Optional[recipes.Recipe] = None,
-                         preserve_high_precision_init_val: bool = False):
+def quantized_model_init(
+    enabled: bool = True,
+    recipe: recipes.Recipe | None = None,
+    preserve_high_precision_init_val: bool = False,
+):
     """``te.quantized_model_init``: modules built inside keep only FP8 weights.
 
     The reference stores each such weight as the decoded values of its FP8 copy (in the
     parameter dtype), marked ``weight._fp8lab_quantized``; TE stores the FP8 bytes themselves.
     """
     if preserve_high_precision_init_val:
-        raise NotImplementedError("preserve_high_precision_init_val is not modelled by the CPU reference")
+        raise NotImplementedError(
+            "preserve_high_precision_init_val is not modelled by the CPU reference"
+        )
     previous = STATE.model_init_recipe
     if enabled:
         check_recipe_support(recipe)
@@ -332,15 +357,22 @@ def quantized_model_init(enabled: bool = True, recipe: Optional[recipes.Recipe] 
 
 
 @contextlib.contextmanager
-def fp8_model_init(enabled: bool = True, recipe=None, preserve_high_precision_init_val: bool = False):  # deprecated
-    warnings.warn("fp8_model_init is deprecated and will be removed in a future release. "
-                  "Use quantized_model_init(enabled=..., recipe=..., preserve_high_precision_init_val=...) instead.",
-                  category=DeprecationWarning, stacklevel=3)
+def fp8_model_init(
+    enabled: bool = True, recipe=None, preserve_high_precision_init_val: bool = False
+):  # deprecated
+    warnings.warn(
+        "fp8_model_init is deprecated and will be removed in a future release. "
+        "Use quantized_model_init(enabled=..., recipe=..., "
+        "preserve_high_precision_init_val=...) instead.",
+        category=DeprecationWarning,
+        stacklevel=3,
+    )
     with quantized_model_init(enabled, recipe, preserve_high_precision_init_val):
         yield
 
 
 # --- quantizing a GEMM operand ------------------------------------------------------------------
+
 
 def assert_dim_for_fp8_exec(*tensors: torch.Tensor) -> None:
     """TE's shape rule for FP8 GEMMs, with TE's message."""
@@ -352,14 +384,21 @@ def assert_dim_for_fp8_exec(*tensors: torch.Tensor) -> None:
                 "FP8 execution requires the product of all dimensions except the last to be"
                 " divisible by 8 and the last dimension to be divisible by 16, but got tensor"
                 f" with dims={list(tensor.size())} (product of leading dims ="
-                f" {math.prod(tensor.shape[:-1])}, last dim = {tensor.shape[-1]})")
+                f" {math.prod(tensor.shape[:-1])}, last dim = {tensor.shape[-1]})"
+            )
 
 
 ROLES = {"input": (0, False), "weight": (1, False), "grad_output": (0, True)}
 
 
-def quantize_operand(x2d: torch.Tensor, role: str, recipe: recipes.Recipe, meta: Optional[dict],
-                     columnwise: bool = False, amax: Optional[torch.Tensor] = None) -> torch.Tensor:
+def quantize_operand(
+    x2d: torch.Tensor,
+    role: str,
+    recipe: recipes.Recipe,
+    meta: dict | None,
+    columnwise: bool = False,
+    amax: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Quantize a 2-D GEMM operand as TE would and return its decoded FP32 values.
 
     ``columnwise`` selects the copy TE makes for a transposed use (block recipes scale along
@@ -380,11 +419,18 @@ def quantize_operand(x2d: torch.Tensor, role: str, recipe: recipes.Recipe, meta:
                 scaling.amax_history[0, slot] = amax_of(x2d) if amax is None else amax
         return quantize_per_tensor(x2d, scale, dtype).dequantize()
     if isinstance(recipe, recipes.Float8CurrentScaling):
-        scale = scale_from_amax(amax_of(x2d) if amax is None else amax, fp8_max(dtype), recipe.use_power_2_scales)
+        scale = scale_from_amax(
+            amax_of(x2d) if amax is None else amax, fp8_max(dtype), recipe.use_power_2_scales
+        )
         return quantize_per_tensor(x2d, scale, dtype).dequantize()
     if isinstance(recipe, recipes.Float8BlockScaling):
-        two_d = (recipe.w_block_scaling_dim if role == "weight" else
-                 recipe.grad_block_scaling_dim if role == "grad_output" else recipe.x_block_scaling_dim) == 2
+        two_d = (
+            recipe.w_block_scaling_dim
+            if role == "weight"
+            else recipe.grad_block_scaling_dim
+            if role == "grad_output"
+            else recipe.x_block_scaling_dim
+        ) == 2
         if two_d:
             return quantize_blocks_2d(x2d, dtype, 128, not recipe.use_f32_scales).dequantize()
         source = x2d.t() if columnwise else x2d
@@ -394,10 +440,12 @@ def quantize_operand(x2d: torch.Tensor, role: str, recipe: recipes.Recipe, meta:
         source = x2d.t() if columnwise else x2d
         decoded = quantize_mxfp8(source, dtype).dequantize()
         return decoded.t() if columnwise else decoded
-    raise NotImplementedError(f"recipe {type(recipe).__name__} is not modelled by the CPU reference")
+    raise NotImplementedError(
+        f"recipe {type(recipe).__name__} is not modelled by the CPU reference"
+    )
 
 
-def register_module_metas(meta: dict, recipe: recipes.Recipe) -> Optional[list]:
+def register_module_metas(meta: dict, recipe: recipes.Recipe) -> list | None:
     """Record a module's delayed-scaling state for the updates.
 
     Returns the backward metas to update after this GEMM's backward if it is the first GEMM of

@@ -1,4 +1,5 @@
-"""Recipes, as in ``transformer_engine.common.recipe`` (TE 2.20): the same classes, fields and defaults.
+"""Recipes, as in ``transformer_engine.common.recipe`` (TE 2.20): the same classes, fields and
+defaults.
 
 A recipe says how tensors are scaled before they are cast to FP8 (or FP4):
 
@@ -19,9 +20,10 @@ for both. Environment-variable defaults of TE's classes are not read here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, NamedTuple, Optional, Union
+from typing import NamedTuple
 
 
 class _FormatHelper(NamedTuple):
@@ -30,7 +32,8 @@ class _FormatHelper(NamedTuple):
 
 
 class Format(Enum):
-    """FP8 formats: E4M3 (max 448), E5M2 (max 57344), HYBRID (E4M3 forward, E5M2 backward), E2M1 (FP4)."""
+    """FP8 formats: E4M3 (max 448), E5M2 (max 57344), HYBRID (E4M3 forward, E5M2 backward), E2M1
+    (FP4)."""
 
     E2M1 = _FormatHelper(max_fwd=6, max_bwd=6)
     E4M3 = _FormatHelper(max_fwd=448, max_bwd=448)
@@ -79,8 +82,8 @@ class DelayedScaling(Recipe):
     margin: int = 0
     fp8_format: Format = Format.HYBRID
     amax_history_len: int = 1024
-    amax_compute_algo: Union[str, Callable] = "max"
-    scaling_factor_compute_algo: Optional[Callable] = None
+    amax_compute_algo: str | Callable = "max"
+    scaling_factor_compute_algo: Callable | None = None
     reduce_amax: bool = True
     fp8_dpa: bool = False
     fp8_mha: bool = False
@@ -89,9 +92,14 @@ class DelayedScaling(Recipe):
         _no_pure_e5m2(self.fp8_format)
         if self.amax_history_len < 1:
             raise ValueError(f"amax_history_len={self.amax_history_len}: must be >= 1")
-        if not callable(self.amax_compute_algo) and self.amax_compute_algo not in ("max", "most_recent"):
-            raise ValueError(f"amax_compute_algo={self.amax_compute_algo!r}: must be 'max', 'most_recent' "
-                             "or a callable")
+        if not callable(self.amax_compute_algo) and self.amax_compute_algo not in (
+            "max",
+            "most_recent",
+        ):
+            raise ValueError(
+                f"amax_compute_algo={self.amax_compute_algo!r}: must be 'max', 'most_recent' "
+                "or a callable"
+            )
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""``TransformerLayer`` of TE 2.20 (CPU reference), mirroring ``transformer_engine/pytorch/transformer.py``.
+"""``TransformerLayer`` of TE 2.20 (CPU reference), mirroring
+``transformer_engine/pytorch/transformer.py``.
 
 A pre-norm layer: ``x + dropout(proj(attention(LayerNormLinear_qkv(x))))``, then
 ``+ dropout(LayerNormMLP(.))``, with TE's defaults: **causal** self-attention and
@@ -10,112 +11,240 @@ probabilities (``attention_dropout``). Submodules and parameter names follow TE
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fp8lab.reference.attention import DotProductAttention, apply_rotary_pos_emb, split_qkv
-from fp8lab.reference.modules import (LayerNormLinear, LayerNormMLP, Linear, _refuse, _refuse_unknown,
-                                      check_parallel)
+from fp8lab.reference.modules import (
+    LayerNormLinear,
+    LayerNormMLP,
+    Linear,
+    _refuse,
+    _refuse_unknown,
+    check_parallel,
+)
 
 
 class _SelfAttention(nn.Module):
-    """The attention block of ``TransformerLayer`` (TE's ``MultiheadAttention`` with an input norm)."""
+    """The attention block of ``TransformerLayer`` (TE's ``MultiheadAttention`` with an input
+    norm)."""
 
-    def __init__(self, hidden_size, num_attention_heads, kv_channels, num_gqa_groups, eps, attention_dropout,
-                 mask_type, params_dtype, fuse_qkv_params, qkv_weight_interleaved, bias, normalization,
-                 init_method, output_layer_init_method, fuse_wgrad_accumulation, zero_centered_gamma, device,
-                 layer_number, attn_input_format):
+    def __init__(
+        self,
+        hidden_size,
+        num_attention_heads,
+        kv_channels,
+        num_gqa_groups,
+        eps,
+        attention_dropout,
+        mask_type,
+        params_dtype,
+        fuse_qkv_params,
+        qkv_weight_interleaved,
+        bias,
+        normalization,
+        init_method,
+        output_layer_init_method,
+        fuse_wgrad_accumulation,
+        zero_centered_gamma,
+        device,
+        layer_number,
+        attn_input_format,
+    ):
         super().__init__()
         self.heads, self.groups, self.head_dim = num_attention_heads, num_gqa_groups, kv_channels
         self.interleaved = qkv_weight_interleaved and fuse_qkv_params
         q_size, kv_size = num_attention_heads * kv_channels, num_gqa_groups * kv_channels
         split = None if fuse_qkv_params else {"query": q_size, "key": kv_size, "value": kv_size}
-        self.layernorm_qkv = LayerNormLinear(hidden_size, q_size + 2 * kv_size, eps=eps, init_method=init_method,
-                                             bias=bias, normalization=normalization, params_dtype=params_dtype,
-                                             parameters_split=split, zero_centered_gamma=zero_centered_gamma,
-                                             fuse_wgrad_accumulation=fuse_wgrad_accumulation, device=device)
-        self.core_attention = DotProductAttention(num_attention_heads, kv_channels, num_gqa_groups=num_gqa_groups,
-                                                  attention_dropout=attention_dropout, attn_mask_type=mask_type,
-                                                  layer_number=layer_number, qkv_format=attn_input_format)
-        self.proj = Linear(q_size, hidden_size, init_method=output_layer_init_method, bias=bias,
-                           return_bias=True, params_dtype=params_dtype,
-                           fuse_wgrad_accumulation=fuse_wgrad_accumulation, device=device)
+        self.layernorm_qkv = LayerNormLinear(
+            hidden_size,
+            q_size + 2 * kv_size,
+            eps=eps,
+            init_method=init_method,
+            bias=bias,
+            normalization=normalization,
+            params_dtype=params_dtype,
+            parameters_split=split,
+            zero_centered_gamma=zero_centered_gamma,
+            fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+            device=device,
+        )
+        self.core_attention = DotProductAttention(
+            num_attention_heads,
+            kv_channels,
+            num_gqa_groups=num_gqa_groups,
+            attention_dropout=attention_dropout,
+            attn_mask_type=mask_type,
+            layer_number=layer_number,
+            qkv_format=attn_input_format,
+        )
+        self.proj = Linear(
+            q_size,
+            hidden_size,
+            init_method=output_layer_init_method,
+            bias=bias,
+            return_bias=True,
+            params_dtype=params_dtype,
+            fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+            device=device,
+        )
 
     def forward(self, x, mask_type, rotary_pos_emb, is_first_microbatch):
         mixed = self.layernorm_qkv(x, is_first_microbatch=is_first_microbatch)
         q, k, v = split_qkv(mixed, self.heads, self.groups, self.head_dim, self.interleaved)
         if rotary_pos_emb is not None:
-            freqs_q, freqs_k = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
+            freqs_q, freqs_k = (
+                rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
+            )
             q, k = apply_rotary_pos_emb(q, freqs_q), apply_rotary_pos_emb(k, freqs_k)
         context = self.core_attention(q, k, v, attn_mask_type=mask_type)
         return self.proj(context, is_first_microbatch=is_first_microbatch)
 
 
 class TransformerLayer(nn.Module):
-    """``te.TransformerLayer(hidden_size, ffn_hidden_size, num_attention_heads, ...)``; input ``[S, B, H]``."""
+    """``te.TransformerLayer(hidden_size, ffn_hidden_size, num_attention_heads, ...)``; input ``[S,
+    B, H]``."""
 
-    def __init__(self, hidden_size: int, ffn_hidden_size: int, num_attention_heads: int,
-                 num_gqa_groups: Optional[int] = None, layernorm_epsilon: float = 1e-5, hidden_dropout: float = 0.1,
-                 attention_dropout: float = 0.1, init_method=None, output_layer_init_method=None,
-                 layer_number: Optional[int] = None, kv_channels: Optional[int] = None,
-                 self_attn_mask_type: str = "causal", tp_group=None, tp_size: int = 1,
-                 params_dtype: Optional[torch.dtype] = None, get_rng_state_tracker=None,
-                 fuse_wgrad_accumulation: bool = False, seq_length: Optional[int] = None,
-                 micro_batch_size: Optional[int] = None, sequence_parallel: bool = False,
-                 apply_residual_connection_post_layernorm: bool = False, output_layernorm: bool = False,
-                 parallel_attention_mlp: bool = False, layer_type: str = "encoder", drop_path_rate: float = 0.0,
-                 set_parallel_mode: bool = False, fuse_qkv_params: bool = False,
-                 rotary_pos_interleaved: bool = False, zero_centered_gamma: bool = False,
-                 qkv_weight_interleaved: bool = True, bias: bool = True, activation: str = "gelu",
-                 activation_params=None, normalization: str = "LayerNorm", device=None,
-                 attn_input_format: str = "sbhd", name: Optional[str] = None, **extra):
+    def __init__(
+        self,
+        hidden_size: int,
+        ffn_hidden_size: int,
+        num_attention_heads: int,
+        num_gqa_groups: int | None = None,
+        layernorm_epsilon: float = 1e-5,
+        hidden_dropout: float = 0.1,
+        attention_dropout: float = 0.1,
+        init_method=None,
+        output_layer_init_method=None,
+        layer_number: int | None = None,
+        kv_channels: int | None = None,
+        self_attn_mask_type: str = "causal",
+        tp_group=None,
+        tp_size: int = 1,
+        params_dtype: torch.dtype | None = None,
+        get_rng_state_tracker=None,
+        fuse_wgrad_accumulation: bool = False,
+        seq_length: int | None = None,
+        micro_batch_size: int | None = None,
+        sequence_parallel: bool = False,
+        apply_residual_connection_post_layernorm: bool = False,
+        output_layernorm: bool = False,
+        parallel_attention_mlp: bool = False,
+        layer_type: str = "encoder",
+        drop_path_rate: float = 0.0,
+        set_parallel_mode: bool = False,
+        fuse_qkv_params: bool = False,
+        rotary_pos_interleaved: bool = False,
+        zero_centered_gamma: bool = False,
+        qkv_weight_interleaved: bool = True,
+        bias: bool = True,
+        activation: str = "gelu",
+        activation_params=None,
+        normalization: str = "LayerNorm",
+        device=None,
+        attn_input_format: str = "sbhd",
+        name: str | None = None,
+        **extra,
+    ):
         super().__init__()
         extra = {k: v for k, v in extra.items() if not (k.startswith("ub_") and not v)}
         _refuse_unknown("TransformerLayer", extra)
-        check_parallel("TransformerLayer", tp_group, tp_size, sequence_parallel, set_parallel_mode=set_parallel_mode)
-        _refuse("TransformerLayer",
-                apply_residual_connection_post_layernorm=(apply_residual_connection_post_layernorm, (False,)),
-                output_layernorm=(output_layernorm, (False,)), parallel_attention_mlp=(parallel_attention_mlp, (False,)),
-                layer_type=(layer_type, ("encoder",)), drop_path_rate=(drop_path_rate, (0.0, 0)),
-                rotary_pos_interleaved=(rotary_pos_interleaved, (False,)),
-                self_attn_mask_type=(self_attn_mask_type, ("causal", "no_mask")))
+        check_parallel(
+            "TransformerLayer",
+            tp_group,
+            tp_size,
+            sequence_parallel,
+            set_parallel_mode=set_parallel_mode,
+        )
+        _refuse(
+            "TransformerLayer",
+            apply_residual_connection_post_layernorm=(
+                apply_residual_connection_post_layernorm,
+                (False,),
+            ),
+            output_layernorm=(output_layernorm, (False,)),
+            parallel_attention_mlp=(parallel_attention_mlp, (False,)),
+            layer_type=(layer_type, ("encoder",)),
+            drop_path_rate=(drop_path_rate, (0.0, 0)),
+            rotary_pos_interleaved=(rotary_pos_interleaved, (False,)),
+            self_attn_mask_type=(self_attn_mask_type, ("causal", "no_mask")),
+        )
         if hidden_size % num_attention_heads and kv_channels is None:
-            raise ValueError(f"num_attention_heads={num_attention_heads} must divide hidden_size={hidden_size} "
-                             "(or give kv_channels)")
+            raise ValueError(
+                f"num_attention_heads={num_attention_heads} must divide hidden_size={hidden_size} "
+                "(or give kv_channels)"
+            )
         if not 0.0 <= hidden_dropout < 1.0:
             raise ValueError(f"hidden_dropout={hidden_dropout}: must be in [0, 1)")
         kv_channels = kv_channels or hidden_size // num_attention_heads
         groups = num_gqa_groups or num_attention_heads
         if num_attention_heads % groups:
-            raise ValueError(f"num_gqa_groups={groups} must divide num_attention_heads={num_attention_heads}")
+            raise ValueError(
+                f"num_gqa_groups={groups} must divide num_attention_heads={num_attention_heads}"
+            )
         self.hidden_dropout, self.self_attn_mask_type = hidden_dropout, self_attn_mask_type
         self.self_attention = _SelfAttention(
-            hidden_size, num_attention_heads, kv_channels, groups, layernorm_epsilon, attention_dropout,
-            self_attn_mask_type, params_dtype, fuse_qkv_params, qkv_weight_interleaved, bias, normalization,
-            init_method, output_layer_init_method, fuse_wgrad_accumulation, zero_centered_gamma, device,
-            layer_number, attn_input_format)
-        self.layernorm_mlp = LayerNormMLP(hidden_size, ffn_hidden_size, eps=layernorm_epsilon, bias=bias,
-                                          normalization=normalization, activation=activation,
-                                          activation_params=activation_params, init_method=init_method,
-                                          output_layer_init_method=output_layer_init_method,
-                                          fuse_wgrad_accumulation=fuse_wgrad_accumulation,
-                                          params_dtype=params_dtype, return_bias=True,
-                                          zero_centered_gamma=zero_centered_gamma, device=device)
+            hidden_size,
+            num_attention_heads,
+            kv_channels,
+            groups,
+            layernorm_epsilon,
+            attention_dropout,
+            self_attn_mask_type,
+            params_dtype,
+            fuse_qkv_params,
+            qkv_weight_interleaved,
+            bias,
+            normalization,
+            init_method,
+            output_layer_init_method,
+            fuse_wgrad_accumulation,
+            zero_centered_gamma,
+            device,
+            layer_number,
+            attn_input_format,
+        )
+        self.layernorm_mlp = LayerNormMLP(
+            hidden_size,
+            ffn_hidden_size,
+            eps=layernorm_epsilon,
+            bias=bias,
+            normalization=normalization,
+            activation=activation,
+            activation_params=activation_params,
+            init_method=init_method,
+            output_layer_init_method=output_layer_init_method,
+            fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+            params_dtype=params_dtype,
+            return_bias=True,
+            zero_centered_gamma=zero_centered_gamma,
+            device=device,
+        )
 
     def _residual(self, out, bias, residual):
         if bias is not None:
             out = out + bias
         return residual + F.dropout(out, self.hidden_dropout, self.training)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, self_attn_mask_type: Optional[str] = None,
-                rotary_pos_emb=None, is_first_microbatch: Optional[bool] = None, **extra) -> torch.Tensor:
-        _refuse_unknown("TransformerLayer.forward", {k: v for k, v in extra.items() if v is not None})
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask=None,
+        self_attn_mask_type: str | None = None,
+        rotary_pos_emb=None,
+        is_first_microbatch: bool | None = None,
+        **extra,
+    ) -> torch.Tensor:
+        _refuse_unknown(
+            "TransformerLayer.forward", {k: v for k, v in extra.items() if v is not None}
+        )
         mask = self_attn_mask_type or self.self_attn_mask_type
-        _refuse("TransformerLayer.forward", attention_mask=(attention_mask, (None,)),
-                self_attn_mask_type=(mask, ("causal", "no_mask")))
+        _refuse(
+            "TransformerLayer.forward",
+            attention_mask=(attention_mask, (None,)),
+            self_attn_mask_type=(mask, ("causal", "no_mask")),
+        )
         out, bias = self.self_attention(hidden_states, mask, rotary_pos_emb, is_first_microbatch)
         x = self._residual(out, bias, hidden_states)
         out, bias = self.layernorm_mlp(x, is_first_microbatch=is_first_microbatch)

@@ -1,12 +1,12 @@
 """Check the speedometer on a GPU: repeat-to-repeat spread and overhead against a bare event loop.
 
-``python -m fp8lab.speedometer_check`` times the forward+backward of a
+``python -m tools.speedometer_check`` times the forward+backward of a
 ``te.TransformerLayer`` (H=4096, F=16384, A=32, S=2048, B=4: a step of well over
 5 ms) in BF16 and FP8, alternating the speedometer with a bare loop that
 brackets the same number of the same steps with one pair of CUDA events.
 
-Spread: (max - min) / median of the speedometer's medians over the rounds (and their
-coefficient of variation).
+Round-to-round range: (max - min) / median of the speedometer's medians over the rounds (and
+their coefficient of variation); not the speedometer's per-run spread (IQR / median).
 Overhead: the speedometer's mean per iteration over the bare loop's, minus one,
 median over rounds.
 """
@@ -33,7 +33,7 @@ def main(rounds: int = 7, iters: int = 100, warm_seconds: float = 5.0) -> int:
     for label, fp8 in (("BF16", False), ("FP8 delayed", True)):
         kwargs = {"enabled": fp8, "recipe": recipe.DelayedScaling() if fp8 else None}
 
-        def step():
+        def step(kwargs=kwargs):
             with te.autocast(**kwargs):
                 y = layer(x)
             y.backward(dy)
@@ -54,22 +54,36 @@ def main(rounds: int = 7, iters: int = 100, warm_seconds: float = 5.0) -> int:
             return start.elapsed_time(end) / iters
 
         begin = time.perf_counter()
-        while time.perf_counter() - begin < warm_seconds:  # let clocks and power settle before any round
+        while (
+            time.perf_counter() - begin < warm_seconds
+        ):  # let clocks and power settle before any round
             step()
         torch.cuda.synchronize()
         medians, means, bares = [], [], []
         for _ in range(rounds):
-            timing = speedometer(layer, x, mode="forward_backward", grad_output=dy, autocast_kwargs=kwargs,
-                                 warmup=10, min_warmup_ms=1000, iters=iters, label=label)
+            timing = speedometer(
+                layer,
+                x,
+                mode="forward_backward",
+                grad_output=dy,
+                autocast_kwargs=kwargs,
+                warmup=10,
+                min_warmup_ms=1000,
+                iters=iters,
+                label=label,
+            )
             medians.append(timing.median_ms)
             means.append(timing.mean_ms)
             bares.append(bare_loop())
         spread = (max(medians) - min(medians)) / statistics.median(medians)
         variation = statistics.stdev(medians) / statistics.mean(medians)
-        overhead = statistics.median(m / b - 1 for m, b in zip(means, bares))
-        print(f"{label}: speedometer medians {[round(m, 3) for m in medians]} ms; bare loop "
-              f"{[round(b, 3) for b in bares]} ms/iter; spread (max-min)/median {spread:.2%}, "
-              f"coefficient of variation {variation:.2%}; overhead {overhead:+.2%}")
+        overhead = statistics.median(m / b - 1 for m, b in zip(means, bares, strict=True))
+        print(
+            f"{label}: speedometer medians {[round(m, 3) for m in medians]} ms; bare loop "
+            f"{[round(b, 3) for b in bares]} ms/iter; "
+            f"round-to-round range (max-min)/median {spread:.2%}, "
+            f"coefficient of variation {variation:.2%}; overhead {overhead:+.2%}"
+        )
     return 0
 
 
