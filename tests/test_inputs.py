@@ -18,7 +18,8 @@ import importlib
 import math
 import numbers
 import pkgutil
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import is_dataclass
+from pathlib import Path
 
 import hypothesis.strategies as st
 import numpy as np
@@ -46,89 +47,19 @@ from fp8lab import (
     speedometer,
     training,
 )
-from fp8lab.config import TransformerConfig
-
-NAN, INF = float("nan"), float("inf")
-JUNK = st.sampled_from(
-    [
-        None,
-        True,
-        False,
-        0,
-        -1,
-        -3,
-        0.5,
-        -2.5,
-        NAN,
-        INF,
-        -INF,
-        "",
-        "no",
-        "fp8",
-        [],
-        {},
-        (1, 2),
-        object(),
-    ]
+from fp8lab.config import TransformerConfig  # noqa: F401
+from tests.property_support import (  # noqa: E402
+    JUNK,
+    TINY,
+    TINY_GQA,
+    Entry,
+    Maybe,
+    ints,
+    maybe,
+    mixed,
+    reals,
+    valid_only,
 )
-TINY = TransformerConfig(32, 64, 4, num_layers=2, vocab_size=64, max_seq_len=16, name="tiny")
-TINY_GQA = TransformerConfig(
-    32,
-    64,
-    4,
-    num_gqa_groups=2,
-    num_layers=1,
-    vocab_size=64,
-    max_seq_len=16,
-    activation="swiglu",
-    normalization="RMSNorm",
-    bias=False,
-    position_embedding="rope",
-    name="tiny-gqa",
-)
-
-
-def ints(low=1, high=64):
-    return st.integers(low, high)
-
-
-def reals(low=1e-3, high=1e6):
-    return st.floats(low, high, allow_nan=False, allow_infinity=False)
-
-
-@dataclass(frozen=True)
-class Maybe:
-    """An argument the tests may replace by junk; ``valid`` draws its valid values."""
-
-    valid: st.SearchStrategy
-
-
-def maybe(strategy) -> Maybe:
-    return Maybe(strategy)
-
-
-def mixed(strategy):
-    """Valid values two times in three, junk otherwise (for arguments wrapped in :func:`maybe`)."""
-    return (
-        st.one_of(strategy.valid, strategy.valid, JUNK) if isinstance(strategy, Maybe) else strategy
-    )
-
-
-def valid_only(strategy):
-    return strategy.valid if isinstance(strategy, Maybe) else strategy
-
-
-@dataclass
-class Entry:
-    """How to call one public entry point: ``call(**kwargs)``, each kwarg drawn from its
-    strategy."""
-
-    call: object
-    args: dict
-    aliases: dict = field(default_factory=dict)  # argument -> other words its error may use
-    signed: bool = False  # negative numbers are legitimate results
-    missing_ok: bool = False  # NaN marks a missing entry (a table cell)
-    examples: int = 40
 
 
 def _timing(times):
@@ -901,6 +832,10 @@ ENTRIES: dict[str, Entry] = {
     "environment.import_te": Entry(lambda: environment.import_te()[0].__name__, {}, examples=2),
     "environment.Environment": Entry(lambda: environment.detect().describe_gpu(), {}, examples=2),
 }
+# Entry points of modules whose tests live in their own file: tests/inputs_<topic>.py defines ENTRIES.
+for _path in sorted(Path(__file__).parent.glob("inputs_*.py")):
+    ENTRIES.update(importlib.import_module(f"tests.{_path.stem}").ENTRIES)
+
 # Names of __all__ that are constants (no input to check) or covered through another entry above.
 NOT_CALLED = {
     "config.ACTIVATIONS",
