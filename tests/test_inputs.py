@@ -822,6 +822,7 @@ ENTRIES: dict[str, Entry] = {
         lambda name: book.glue(name, 1.0), {"name": maybe(st.just("a"))}, examples=10
     ),
     "book.progress": Entry(_progress, {"total": maybe(st.sampled_from([None, 3]))}, examples=10),
+    "book.plot_style": Entry(book.plot_style, {}, examples=2),
     "environment.by_preset": Entry(
         lambda smoke: environment.by_preset(smoke=smoke, full=2) in (smoke, 2),
         {"smoke": maybe(ints())},
