@@ -864,6 +864,7 @@ NOT_CALLED = {
     "profiling.CATEGORIES",
     "environment.PRESETS",
     "environment.PRESET_VARIABLE",
+    "book.PLOT_STYLE",
     "ceilings.CopyResult",
     "ceilings.MatmulResult",
     "formats.FP32_MAX",
