@@ -9,6 +9,7 @@ does), so a GPU box without the book's tool chain still produces outputs that
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -86,10 +87,11 @@ def plot_style() -> None:
 
 
 def progress(iterable: Iterable, desc: str = "", total: int | None = None):
-    """A tqdm progress bar on the terminal that runs the notebook, never in its saved outputs.
+    """A tqdm progress bar for scripts; silent inside a notebook, whose outputs must not hold one.
 
-    Inside a Jupyter kernel ``sys.__stderr__`` is the kernel process's own stream, which the
-    notebook does not capture; in a script it is the terminal.
+    A Jupyter kernel forwards everything written to its standard streams, even the process's
+    own file descriptors, into the cell's output, so no stream there reaches only a terminal.
+    Set ``FP8LAB_PROGRESS=1`` to see the bar in a notebook anyway (it then lands in the output).
     """
     if total is not None:
         from fp8lab.checks import integer
@@ -97,6 +99,15 @@ def progress(iterable: Iterable, desc: str = "", total: int | None = None):
         integer("total", total, minimum=0)
     if not isinstance(desc, str):
         raise TypeError(f"desc={desc!r}: must be a string")
-    from tqdm.std import tqdm  # the text bar; tqdm.auto would draw a widget into the outputs
+    from tqdm.std import tqdm  # the text bar; tqdm.auto would draw a widget
 
-    return tqdm(iterable, desc=desc, total=total, file=sys.__stderr__, mininterval=5, leave=False)
+    in_kernel = "ipykernel" in sys.modules and not os.environ.get("FP8LAB_PROGRESS")
+    return tqdm(
+        iterable,
+        desc=desc,
+        total=total,
+        file=sys.stderr,
+        mininterval=5,
+        leave=False,
+        disable=in_kernel,
+    )
