@@ -130,6 +130,17 @@ class TaskResult:
     error: str | None = None
     seconds: float = 0.0
 
+    def __post_init__(self):
+        for field_name in ("name", "kind"):
+            if not isinstance(getattr(self, field_name), str):
+                raise TypeError(f"{field_name}={getattr(self, field_name)!r}: must be a string")
+        checks.flag("ok", self.ok)
+        if not isinstance(self.data, dict):
+            raise TypeError(f"data must be a dict, not {type(self.data).__name__}")
+        if self.error is not None and not isinstance(self.error, str):
+            raise TypeError(f"error={self.error!r}: must be None or a string")
+        checks.number("seconds", self.seconds, non_negative=True)
+
     @property
     def rows(self) -> list[dict]:
         """The task's table rows (each may carry an ``error`` of its own sub-run)."""
@@ -148,6 +159,18 @@ class Run:
     commands: list[str] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
     stamp: dict | None = None
+
+    def __post_init__(self):
+        checks.integer("nproc", self.nproc, minimum=0)
+        if not isinstance(self.backend, str):
+            raise TypeError(f"backend={self.backend!r}: must be a string")
+        if not isinstance(self.results, dict) or not all(
+            isinstance(r, TaskResult) for r in self.results.values()
+        ):
+            raise TypeError("results must be a dict of task names to TaskResult")
+        if not isinstance(self.machine, dict):
+            raise TypeError(f"machine must be a dict, not {type(self.machine).__name__}")
+        checks.number("seconds", self.seconds, non_negative=True)
 
     def __getitem__(self, name: str) -> TaskResult:
         if name not in self.results:
@@ -509,8 +532,11 @@ def save(run: Run, path: str | os.PathLike) -> dict:
         "commands": run.commands,
         "results": {name: dataclasses.asdict(result) for name, result in run.results.items()},
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1, sort_keys=False, default=float) + "\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=1, default=float) + "\n")
+    except OSError as error:
+        raise ValueError(f"path={str(path)!r}: cannot write the results there ({error})") from None
     run.stamp = stamp
     return stamp
 
@@ -520,13 +546,13 @@ def load(path: str | os.PathLike) -> Run:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path={path!r}: must be a file path")
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise ValueError(f"path={str(path)!r}: no such results file")
     try:
         payload = json.loads(path.read_text())
         results = {name: TaskResult(**record) for name, record in payload["results"].items()}
         stamp = payload["stamp"]
-    except (ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(
             f"path={str(path)!r}: not a results file of distributed.save ({error})"
         ) from None

@@ -87,7 +87,9 @@ class Context:
         return values
 
     def group(self, ranks) -> object:
-        """The process group of ``ranks`` (every rank must ask, in the same order)."""
+        """The process group of ``ranks``. Creating one is collective: every rank must ask for
+        a new group, in the same order (the groups of the first n ranks exist from the start,
+        so code that runs on some ranks only may ask for those)."""
         ranks = tuple(ranks)
         if ranks == tuple(range(self.world)):
             return dist.group.WORLD
@@ -123,7 +125,10 @@ def _setup(out: Path) -> Context:
         dist.init_process_group("gloo", timeout=timedelta(minutes=20))
     cpu_group = dist.new_group(backend="gloo", timeout=timedelta(minutes=30)) if cuda else None
     (out / f"pid.{rank}").write_text(str(os.getpid()))
-    return Context(rank, world, local_rank, device, cuda, te, recipes, cpu_group, out)
+    ctx = Context(rank, world, local_rank, device, cuda, te, recipes, cpu_group, out)
+    for n in ctx.sizes():  # the groups of the first n ranks, created by every rank alike
+        ctx.group(range(n))
+    return ctx
 
 
 def _machine(ctx: Context) -> dict:
