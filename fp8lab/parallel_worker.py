@@ -114,10 +114,11 @@ def _setup(out: Path) -> Context:
             )
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
-    te, recipes = import_te()  # TE first: it must load cuDNN before anything else does
     cuda = torch.cuda.is_available() and os.environ.get("FP8LAB_DIST_BACKEND", "") != "gloo"
-    if cuda:
+    if cuda:  # this process's GPU first, so that nothing starts a context on GPU 0
         torch.cuda.set_device(local_rank)
+    te, recipes = import_te()  # TE next: it must load cuDNN before anything else does
+    if cuda:
         device = torch.device("cuda", local_rank)
         dist.init_process_group("nccl", device_id=device, timeout=timedelta(minutes=20))
     else:
@@ -131,8 +132,16 @@ def _setup(out: Path) -> Context:
     return ctx
 
 
+def _te_version(ctx: Context) -> str | None:
+    """TE's version where TE itself runs; None for the CPU reference."""
+    if not ctx.cuda:
+        return None
+    import transformer_engine
+
+    return transformer_engine.__version__
+
+
 def _machine(ctx: Context) -> dict:
-    real_te = ctx.cuda and hasattr(ctx.te, "__version__") and "reference" not in ctx.te.__version__
     record = {
         "gpu_name": torch.cuda.get_device_name() if ctx.cuda else None,
         "gpu_count": ctx.world if ctx.cuda else 0,
@@ -142,8 +151,8 @@ def _machine(ctx: Context) -> dict:
         else None,
         "torch": torch.__version__,
         "cuda": torch.version.cuda if ctx.cuda else None,
-        "transformer_engine": ctx.te.__version__ if real_te else None,
-        "te": ctx.te.__version__ if hasattr(ctx.te, "__version__") else "CPU reference",
+        "transformer_engine": _te_version(ctx),
+        "te": _te_version(ctx) or getattr(ctx.te, "__version__", "CPU reference"),
         "backend": "nccl" if ctx.cuda else "gloo",
         "preset": preset(),
     }
