@@ -1023,8 +1023,8 @@ def _kernel_events(trace: dict, cuda: bool) -> list[dict]:
             {
                 "kind": kind,
                 "stream": str(stream),
-                "start_us": float(event["ts"]),
-                "dur_us": float(event["dur"]),
+                "start_us": round(float(event["ts"]), 1),
+                "dur_us": round(float(event["dur"]), 2),
                 "name": name[:80],
             }
         )
@@ -1053,7 +1053,7 @@ def profile_step(ctx: Context, step: Callable, warmup: int = 3) -> dict:
         raise RuntimeError("the profiler recorded no kernels")
     origin = min(e["start_us"] for e in events)
     for event in events:
-        event["start_us"] -= origin
+        event["start_us"] = round(event["start_us"] - origin, 1)
     comm = [
         (e["start_us"], e["start_us"] + e["dur_us"]) for e in events if e["kind"] == "communication"
     ]
@@ -1065,7 +1065,7 @@ def profile_step(ctx: Context, step: Callable, warmup: int = 3) -> dict:
     overlapped = comm_us + compute_us - both
     events.sort(key=lambda e: e["start_us"])
     return {
-        "events": events[:4000],
+        "events": events[:3000],
         "span_us": max(e["start_us"] + e["dur_us"] for e in events),
         "communication_us": comm_us,
         "compute_us": compute_us,

@@ -76,6 +76,12 @@ def test_step_traffic_counts_parameters_and_activations():
     assert time == pytest.approx(sum(c.bytes_sent for c in sp) / 100e9)
 
 
+def test_collectives_is_arithmetic():
+    code = "import sys, fp8lab.collectives; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
 def test_a_collective_on_one_rank_costs_nothing():
     assert collectives.collective_time("all_reduce", 1e9, 1, 100.0, 1e-5) == 0.0
 
