@@ -40,8 +40,12 @@ by default (``use_split_accumulator=False``: cuBLAS fast accumulation); the two 
 differ by up to 2.8% in a ``LayerNormMLP`` output, so the parity tests compare against TE with
 FP32 forward accumulation and report the default beside it.
 
-Not modelled (each raises ``NotImplementedError``): tensor/sequence parallelism over more
-than one rank, FP8 attention (``fp8_dpa``/``fp8_mha``), NVFP4 training, CUDA graphs,
+Tensor and sequence parallelism (``tp_group``, ``parallel_mode``, ``set_parallel_mode``,
+``sequence_parallel``) run on ``torch.distributed`` (:mod:`fp8lab.reference.parallel`), and
+``autocast(amax_reduction_group=...)`` reduces delayed-scaling amaxes across ranks as TE does.
+
+Not modelled (each raises ``NotImplementedError``): context parallelism, Userbuffers, FP8
+attention (``fp8_dpa``/``fp8_mha``), NVFP4 training, CUDA graphs,
 calibration, attention masks other than ``causal``/``no_mask``, and other TE modules.
 """
 
@@ -117,6 +121,18 @@ def checkpoint(
     )
 
 
+def initialize_ub(*args, **kwargs):
+    """``te.initialize_ub``: Userbuffers, communication overlapped with GEMM chunks over NVLink."""
+    raise NotImplementedError(
+        "Userbuffers (initialize_ub, ub_tp_comm_overlap) are not modelled by the CPU reference: "
+        "they overlap GPU kernels; use Transformer Engine on GPUs"
+    )
+
+
+def destroy_ub() -> None:
+    """``te.destroy_ub``: nothing to free in the reference."""
+
+
 def is_bf16_available() -> bool:
     return True
 
@@ -141,9 +157,11 @@ __all__ = [
     "assert_dim_for_fp8_exec",
     "autocast",
     "checkpoint",
+    "destroy_ub",
     "fp8_autocast",
     "fp8_model_init",
     "get_default_recipe",
+    "initialize_ub",
     "is_bf16_available",
     "is_fp8_available",
     "is_fp8_block_scaling_available",

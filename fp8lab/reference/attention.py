@@ -54,7 +54,8 @@ class DotProductAttention(nn.Module):
         super().__init__()
         extra = {k: v for k, v in extra.items() if not (k.startswith("cp_") and v is None)}
         _refuse_unknown("DotProductAttention", extra)
-        check_parallel("DotProductAttention", tp_group, tp_size, sequence_parallel)
+        # with tensor parallelism each rank holds num_attention_heads / tp heads, as in TE
+        self.tp_size = check_parallel("DotProductAttention", tp_group, tp_size, sequence_parallel)
         _refuse(
             "DotProductAttention",
             qkv_format=(qkv_format, FORMATS),
@@ -67,6 +68,9 @@ class DotProductAttention(nn.Module):
             raise ValueError(
                 f"num_gqa_groups={groups} must divide num_attention_heads={num_attention_heads}"
             )
+        if groups % self.tp_size:
+            raise ValueError(f"num_gqa_groups={groups} must be divisible by tp_size={self.tp_size}")
+        self.num_gqa_groups_per_partition = groups // self.tp_size
         if not 0.0 <= attention_dropout < 1.0:
             raise ValueError(f"attention_dropout={attention_dropout}: must be in [0, 1)")
         self.num_attention_heads, self.num_gqa_groups, self.kv_channels = (
@@ -104,12 +108,13 @@ class DotProductAttention(nn.Module):
             attn_mask_type=(mask, MASK_TYPES),
             attention_mask=(attention_mask, (None,)),
         )
+        heads = self.num_attention_heads // self.tp_size
         if (
-            query_layer.shape[-2] != self.num_attention_heads
-            or key_layer.shape[-2] != self.num_gqa_groups
+            query_layer.shape[-2] != heads
+            or key_layer.shape[-2] != self.num_gqa_groups_per_partition
         ):
             raise ValueError(
-                f"expected {self.num_attention_heads} query heads and {self.num_gqa_groups} "
+                f"expected {heads} query heads and {self.num_gqa_groups_per_partition} "
                 f"key/value "
                 f"groups, got query {tuple(query_layer.shape)} and key {tuple(key_layer.shape)}"
             )

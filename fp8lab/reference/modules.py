@@ -7,6 +7,9 @@ layernorm_mlp}.py``: the same constructor arguments, defaults and parameter name
 ``state_dict`` loads into its reference twin. Outside ``autocast`` every GEMM runs in the
 parameter dtype; inside, :func:`fp8_gemm` quantizes inputs and weights (forward format) and
 the output gradient (backward format), accumulates in FP32 and returns the activation dtype.
+With a ``tp_group`` of several ranks, ``parallel_mode="column"``/``"row"`` (and
+``set_parallel_mode`` of ``LayerNormMLP``) split the weights and add the collectives of
+:mod:`fp8lab.reference.parallel`, as TE does.
 
 Arguments the reference does not model raise ``NotImplementedError`` naming them.
 """
@@ -19,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fp8lab.reference import parallel
 from fp8lab.reference import quantization as q
 from fp8lab.reference import recipe as recipes
 
@@ -50,19 +54,19 @@ def check_parallel(
     sequence_parallel: bool = False,
     parallel_mode=None,
     set_parallel_mode: bool = False,
-) -> None:
-    """Parallel arguments are no-ops with one rank, as in TE; more ranks need TE on GPUs."""
-    size = tp_size if tp_group is None else q._group_size(tp_group)
-    if size != 1:
-        raise NotImplementedError(
-            f"{module}: tensor parallelism over {size} ranks is not modelled by the CPU "
-            "reference; use Transformer Engine on GPUs"
-        )
-    if parallel_mode not in (None, "row", "column"):
+) -> int:
+    """The tensor-parallel size of a module, read from its arguments as TE reads them.
+
+    ``tp_group`` (a ``torch.distributed`` group) sets it; ``tp_size`` > 1 without a group is
+    refused (TE would wait for ``set_tensor_parallel_group``). With one rank every parallel
+    argument is a no-op, as in TE.
+    """
+    if parallel_mode not in parallel.MODES:
         raise ValueError(
             f"{module}: parallel_mode={parallel_mode!r} must be None, 'row' or 'column'"
         )
-    del sequence_parallel, set_parallel_mode  # no-ops with a single rank
+    del sequence_parallel, set_parallel_mode  # read by each module
+    return parallel.tp_world_size(module, tp_group, tp_size)
 
 
 def _device(device) -> torch.device:
@@ -291,6 +295,7 @@ class _Norm(nn.Module):
             if self.kind == "LayerNorm"
             else None
         )
+        parallel.mark_sequence_parallel(self.weight, self.bias, value=sequence_parallel)
 
 
 class LayerNorm(_Norm):
@@ -387,10 +392,16 @@ class Linear(_GemmModule):
     ):
         super().__init__()
         _refuse_unknown("Linear", extra)
-        check_parallel("Linear", tp_group, tp_size, sequence_parallel, parallel_mode)
+        tp = check_parallel("Linear", tp_group, tp_size, sequence_parallel, parallel_mode)
         _refuse("Linear", parameters_split=(parameters_split, (None,)))
         dtype = params_dtype or torch.get_default_dtype()
         device = _device(device)
+        self.tp_group, self.tp_size, self.parallel_mode = tp_group, tp, parallel_mode
+        self.sequence_parallel = tp > 1 and sequence_parallel
+        if parallel_mode == "column":
+            out_features = parallel.divide(out_features, tp, "Linear: out_features")
+        elif parallel_mode == "row":
+            in_features = parallel.divide(in_features, tp, "Linear: in_features")
         self.in_features, self.out_features, self.return_bias = (
             in_features,
             out_features,
@@ -400,6 +411,8 @@ class Linear(_GemmModule):
         self.bias = (
             nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
         )
+        if parallel_mode == "row":
+            parallel.mark_sequence_parallel(self.bias, value=self.sequence_parallel)
         self._setup_gemm_state(fuse_wgrad_accumulation)
         _quantize_weight_at_init(self, ("weight",))
 
@@ -411,11 +424,18 @@ class Linear(_GemmModule):
         fp8_grad: bool = False,
     ):
         _refuse("Linear.forward", fp8_output=(fp8_output, (False,)), fp8_grad=(fp8_grad, (False,)))
-        bias = None if self.return_bias else self.bias
+        row = self.parallel_mode == "row"  # TE adds a row-parallel bias after the reduction
+        if self.parallel_mode == "column":
+            inp = parallel.column_input(inp, self.tp_group, self.tp_size, self.sequence_parallel)
+        bias = None if (self.return_bias or row) else self.bias
         out = self._gemm(
             inp.reshape(-1, inp.shape[-1]), self.weight, bias, "weight", is_first_microbatch
         )
         out = out.reshape(*inp.shape[:-1], self.out_features)
+        if row:
+            out = parallel.row_output(out, self.tp_group, self.tp_size, self.sequence_parallel)
+            if self.bias is not None and not self.return_bias:
+                out = out + self.bias.to(out.dtype)
         return (out, self.bias) if self.return_bias else out
 
 
@@ -454,10 +474,23 @@ class LayerNormLinear(_GemmModule):
             if not (k.startswith("ub_") and not v) and k != "fp8_output"
         }
         _refuse_unknown("LayerNormLinear", extra)
-        check_parallel("LayerNormLinear", tp_group, tp_size, sequence_parallel, parallel_mode)
-        _refuse("LayerNormLinear", normalization=(normalization, ("LayerNorm", "RMSNorm")))
+        tp = check_parallel("LayerNormLinear", tp_group, tp_size, sequence_parallel, parallel_mode)
+        _refuse(
+            "LayerNormLinear",
+            normalization=(normalization, ("LayerNorm", "RMSNorm")),
+            parallel_mode=(parallel_mode, (None, "column")),
+        )
+        if tp > 1 and parameters_split is not None:
+            raise NotImplementedError(
+                "LayerNormLinear: parameters_split with tensor parallelism is not modelled by "
+                "the CPU reference (use fuse_qkv_params=True in TransformerLayer)"
+            )
         dtype = params_dtype or torch.get_default_dtype()
         device = _device(device)
+        self.tp_group, self.tp_size, self.parallel_mode = tp_group, tp, parallel_mode
+        self.sequence_parallel = tp > 1 and sequence_parallel
+        if parallel_mode == "column":
+            out_features = parallel.divide(out_features, tp, "LayerNormLinear: out_features")
         self.normalization, self.eps, self.zero_centered_gamma = (
             normalization,
             eps,
@@ -470,6 +503,9 @@ class LayerNormLinear(_GemmModule):
             nn.Parameter(torch.zeros(in_features, dtype=dtype, device=device))
             if normalization == "LayerNorm"
             else None
+        )
+        parallel.mark_sequence_parallel(
+            self.layer_norm_weight, self.layer_norm_bias, value=self.sequence_parallel
         )
         if parameters_split is None:
             self.split = None
@@ -531,15 +567,20 @@ class LayerNormLinear(_GemmModule):
             self.zero_centered_gamma,
         )
         weight, bias = self._weight_and_bias()
+        gathered = normed
+        if self.parallel_mode == "column":
+            gathered = parallel.column_input(
+                normed, self.tp_group, self.tp_size, self.sequence_parallel
+            )
         out = self._gemm(
-            normed.reshape(-1, inp.shape[-1]),
+            gathered.reshape(-1, inp.shape[-1]),
             weight,
             None if self.return_bias else bias,
             "weight",
             is_first_microbatch,
             inp.dtype,
         )
-        out = out.reshape(*inp.shape[:-1], self.out_features)
+        out = out.reshape(*gathered.shape[:-1], self.out_features)
         result = (out, bias) if self.return_bias else (out,)
         if self.return_layernorm_output:
             result = result + (normed.to(inp.dtype),)
@@ -599,7 +640,7 @@ class LayerNormMLP(_GemmModule):
         super().__init__()
         extra = {k: v for k, v in extra.items() if not (k.startswith("ub_") and not v)}
         _refuse_unknown("LayerNormMLP", extra)
-        check_parallel(
+        tp = check_parallel(
             "LayerNormMLP",
             tp_group,
             tp_size,
@@ -615,6 +656,11 @@ class LayerNormMLP(_GemmModule):
         dtype = params_dtype or torch.get_default_dtype()
         device = _device(device)
         gated = activation in ("swiglu", "geglu", "reglu")
+        # FC1 column- and FC2 row-parallel; sizes split whenever tp > 1, collectives only with
+        # set_parallel_mode (TE's LayerNormMLP)
+        self.tp_group, self.tp_size, self.set_parallel_mode = tp_group, tp, set_parallel_mode
+        self.sequence_parallel = tp > 1 and sequence_parallel
+        ffn_hidden_size = parallel.divide(ffn_hidden_size, tp, "LayerNormMLP: ffn_hidden_size")
         self.normalization, self.activation, self.eps = normalization, activation, eps
         self.zero_centered_gamma, self.return_bias = zero_centered_gamma, return_bias
         self.return_layernorm_output = return_layernorm_output
@@ -635,6 +681,11 @@ class LayerNormMLP(_GemmModule):
         self.fc2_bias = (
             nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device)) if bias else None
         )
+        parallel.mark_sequence_parallel(
+            self.layer_norm_weight, self.layer_norm_bias, value=self.sequence_parallel
+        )
+        if set_parallel_mode:
+            parallel.mark_sequence_parallel(self.fc2_bias, value=self.sequence_parallel)
         self._setup_gemm_state(fuse_wgrad_accumulation)
         _quantize_weight_at_init(self, ("fc1_weight", "fc2_weight"))
 
@@ -648,8 +699,13 @@ class LayerNormMLP(_GemmModule):
             self.zero_centered_gamma,
         )
         dtype = inp.dtype
+        gathered = normed
+        if self.set_parallel_mode:
+            gathered = parallel.column_input(
+                normed, self.tp_group, self.tp_size, self.sequence_parallel
+            )
         hidden = self._gemm(
-            normed.reshape(-1, inp.shape[-1]),
+            gathered.reshape(-1, inp.shape[-1]),
             self.fc1_weight,
             self.fc1_bias,
             "fc1_weight",
@@ -674,16 +730,21 @@ class LayerNormMLP(_GemmModule):
             hidden = activated.to(dtype)
             if q.STATE.enabled and isinstance(q.STATE.recipe, recipes.Float8CurrentScaling):
                 amax = q.amax_of(activated.detach())
+        unfused_bias = self.set_parallel_mode  # TE adds FC2's bias after the reduction
         out = self._gemm(
             hidden,
             self.fc2_weight,
-            None if self.return_bias else self.fc2_bias,
+            None if (self.return_bias or unfused_bias) else self.fc2_bias,
             "fc2_weight",
             is_first_microbatch,
             dtype,
             input_amax=amax,
         )
-        out = out.reshape(*inp.shape)
+        out = out.reshape(*gathered.shape[:-1], inp.shape[-1])
+        if self.set_parallel_mode:
+            out = parallel.row_output(out, self.tp_group, self.tp_size, self.sequence_parallel)
+            if self.fc2_bias is not None and not self.return_bias:
+                out = out + self.fc2_bias.to(out.dtype)
         result = (out, self.fc2_bias) if self.return_bias else (out,)
         if self.return_layernorm_output:
             result = result + (normed.to(inp.dtype),)

@@ -15,7 +15,9 @@ delayed-scaling update) and the cast kernels of ``transformer_engine/common`` (`
   backward; a cast writes its amax into row 0; the forward histories are updated when the
   outermost ``autocast`` exits, the backward ones after the backward of the first module
   that ran in it: amax = max over the history (or row 0), then the history rolls by one and
-  row 0 is zeroed;
+  row 0 is zeroed; before the update, the newest amaxes are all-reduced (MAX) over the
+  autocast's ``amax_reduction_group`` -- or, as in TE, over the default (world) group when it is
+  None and torch.distributed is initialized -- unless the recipe says ``reduce_amax=False``;
 * block scaling (1x128 / 128x128, power-of-two FP32 scales), MXFP8 (1x32, E8M0 scales) and
   NVFP4 (1x16 E2M1 with E4M3 block scales and an FP32 tensor scale) are quantized block by
   block; the GEMM then runs in FP32 on the decoded values, which equals FP32 accumulation
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fp8lab.formats import FP32_MAX, divide, scale_from_amax
+from fp8lab.reference import parallel
 from fp8lab.reference import recipe as recipes
 
 FP8_DTYPES = {448.0: torch.float8_e4m3fn, 57344.0: torch.float8_e5m2}
@@ -223,6 +226,7 @@ class _State:
         self.backward_metas: list = []
         self.model_init_recipe: recipes.Recipe | None = None
         self.checkpoint_phase: str | None = None  # None, "forward" or "recompute"
+        self.amax_group = None  # the amax_reduction_group of the innermost autocast
         self.checkpoint_first_metas: list | None = None
         self.recompute_first_metas: list | None = None
 
@@ -275,11 +279,8 @@ class autocast:
             raise NotImplementedError(
                 "_graph=True (CUDA graphs) is not modelled by the CPU reference"
             )
-        if amax_reduction_group is not None and _group_size(amax_reduction_group) > 1:
-            raise NotImplementedError(
-                "amax_reduction_group of several ranks: use Transformer Engine on GPUs"
-            )
         self._enabled, self._recipe, self._saved = enabled, recipe, None
+        self._group = amax_reduction_group
 
     def __enter__(self):
         if self._saved is not None:
@@ -288,29 +289,42 @@ class autocast:
             )
         if self._enabled:
             check_recipe_support(self._recipe)
-        self._saved = (STATE.enabled, STATE.recipe, STATE.is_first_module)
+        self._saved = (STATE.enabled, STATE.recipe, STATE.is_first_module, STATE.amax_group)
         if STATE.depth == 0:
             STATE.is_first_module = True
             STATE.forward_metas, STATE.backward_metas = [], []
         STATE.depth += 1
         STATE.enabled = self._enabled
         STATE.recipe = (self._recipe or get_default_recipe()) if self._enabled else self._recipe
+        STATE.amax_group = self._group
         return self
 
     def __exit__(self, *exc):
-        STATE.enabled, STATE.recipe, _ = self._saved
+        STATE.enabled, STATE.recipe, _, STATE.amax_group = self._saved
         self._saved = None
         STATE.depth -= 1
         if self._enabled and STATE.depth == 0 and torch.is_grad_enabled():
-            for meta, recipe in STATE.forward_metas:
-                meta.update(fp8_max(fp8_dtype(recipe.fp8_format, backward=False)), recipe)
+            update_metas(STATE.forward_metas, backward=False)
             STATE.forward_metas = []
 
 
-def _group_size(group) -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+def update_metas(metas: list, backward: bool) -> None:
+    """Delayed-scaling update of ``(meta, recipe, group)`` entries: the newest amaxes reduced
+    over each entry's group (one buffer per group, in registration order), then every scale."""
+    buckets: list[tuple[object, list[torch.Tensor]]] = []
+    for meta, recipe, group in metas:
+        if not recipe.reduce_amax:
+            continue
+        for known, amaxes in buckets:
+            if known is group:
+                amaxes.append(meta.amax_history[0])
+                break
+        else:
+            buckets.append((group, [meta.amax_history[0]]))
+    for group, amaxes in buckets:
+        parallel.reduce_amax(amaxes, group)
+    for meta, recipe, _ in metas:
+        meta.update(fp8_max(fp8_dtype(recipe.fp8_format, backward=backward)), recipe)
 
 
 def fp8_autocast(
@@ -456,8 +470,8 @@ def register_module_metas(meta: dict, recipe: recipes.Recipe) -> list | None:
         metas, STATE.recompute_first_metas = STATE.recompute_first_metas, None
         return metas
     if isinstance(recipe, recipes.DelayedScaling):
-        STATE.forward_metas.append((meta["scaling_fwd"], recipe))
-        STATE.backward_metas.append((meta["scaling_bwd"], recipe))
+        STATE.forward_metas.append((meta["scaling_fwd"], recipe, STATE.amax_group))
+        STATE.backward_metas.append((meta["scaling_bwd"], recipe, STATE.amax_group))
     first = STATE.is_first_module
     STATE.is_first_module = False
     if first and STATE.checkpoint_phase == "forward":
@@ -466,5 +480,4 @@ def register_module_metas(meta: dict, recipe: recipes.Recipe) -> list | None:
 
 
 def update_backward_metas(metas: list) -> None:
-    for meta, recipe in metas:
-        meta.update(fp8_max(fp8_dtype(recipe.fp8_format, backward=True)), recipe)
+    update_metas(metas, backward=True)

@@ -7,6 +7,11 @@ A pre-norm layer: ``x + dropout(proj(attention(LayerNormLinear_qkv(x))))``, then
 probabilities (``attention_dropout``). Submodules and parameter names follow TE
 (``self_attention.layernorm_qkv``, ``self_attention.core_attention``,
 ``self_attention.proj``, ``layernorm_mlp``), so ``state_dict``s move between the two.
+
+With ``tp_group`` of several ranks and ``set_parallel_mode=True``, QKV and FC1 are
+column-parallel, the attention output projection and FC2 row-parallel, each rank holds
+``A / tp`` heads, and with ``sequence_parallel=True`` the layer takes and returns its
+``S / tp`` slice of the sequence (:mod:`fp8lab.reference.parallel`).
 """
 
 from __future__ import annotations
@@ -51,9 +56,23 @@ class _SelfAttention(nn.Module):
         device,
         layer_number,
         attn_input_format,
+        tp_group=None,
+        tp_size=1,
+        sequence_parallel=False,
+        set_parallel_mode=False,
     ):
         super().__init__()
-        self.heads, self.groups, self.head_dim = num_attention_heads, num_gqa_groups, kv_channels
+        parallel_mode = "column" if set_parallel_mode else None
+        tensor_parallel = {
+            "tp_group": tp_group,
+            "tp_size": tp_size,
+            "sequence_parallel": sequence_parallel,
+        }
+        self.heads, self.groups, self.head_dim = (
+            num_attention_heads // tp_size,
+            num_gqa_groups // tp_size,
+            kv_channels,
+        )
         self.interleaved = qkv_weight_interleaved and fuse_qkv_params
         q_size, kv_size = num_attention_heads * kv_channels, num_gqa_groups * kv_channels
         split = None if fuse_qkv_params else {"query": q_size, "key": kv_size, "value": kv_size}
@@ -69,6 +88,8 @@ class _SelfAttention(nn.Module):
             zero_centered_gamma=zero_centered_gamma,
             fuse_wgrad_accumulation=fuse_wgrad_accumulation,
             device=device,
+            parallel_mode=parallel_mode,
+            **tensor_parallel,
         )
         self.core_attention = DotProductAttention(
             num_attention_heads,
@@ -78,6 +99,7 @@ class _SelfAttention(nn.Module):
             attn_mask_type=mask_type,
             layer_number=layer_number,
             qkv_format=attn_input_format,
+            **tensor_parallel,
         )
         self.proj = Linear(
             q_size,
@@ -88,6 +110,8 @@ class _SelfAttention(nn.Module):
             params_dtype=params_dtype,
             fuse_wgrad_accumulation=fuse_wgrad_accumulation,
             device=device,
+            parallel_mode="row" if set_parallel_mode else None,
+            **tensor_parallel,
         )
 
     def forward(self, x, mask_type, rotary_pos_emb, is_first_microbatch):
@@ -150,13 +174,14 @@ class TransformerLayer(nn.Module):
         super().__init__()
         extra = {k: v for k, v in extra.items() if not (k.startswith("ub_") and not v)}
         _refuse_unknown("TransformerLayer", extra)
-        check_parallel(
+        tp = check_parallel(
             "TransformerLayer",
             tp_group,
             tp_size,
             sequence_parallel,
             set_parallel_mode=set_parallel_mode,
         )
+        self.tp_size, self.sequence_parallel = tp, tp > 1 and sequence_parallel
         _refuse(
             "TransformerLayer",
             apply_residual_connection_post_layernorm=(
@@ -204,6 +229,10 @@ class TransformerLayer(nn.Module):
             device,
             layer_number,
             attn_input_format,
+            tp_group=tp_group,
+            tp_size=tp,
+            sequence_parallel=self.sequence_parallel,
+            set_parallel_mode=set_parallel_mode,
         )
         self.layernorm_mlp = LayerNormMLP(
             hidden_size,
@@ -220,6 +249,17 @@ class TransformerLayer(nn.Module):
             return_bias=True,
             zero_centered_gamma=zero_centered_gamma,
             device=device,
+            tp_group=tp_group,
+            tp_size=tp,
+            sequence_parallel=self.sequence_parallel,
+            set_parallel_mode=set_parallel_mode,
+        )
+
+    def set_context_parallel_group(self, cp_group, cp_global_ranks, cp_stream, cp_comm_type="p2p"):
+        """TE splits attention over a context-parallel group here; the reference does not."""
+        raise NotImplementedError(
+            "context parallelism (set_context_parallel_group) is not modelled by the CPU "
+            "reference; use Transformer Engine on GPUs"
         )
 
     def _residual(self, out, bias, residual):

@@ -1,0 +1,266 @@
+"""The parallelism chapter's pieces on CPUs: the collectives model, the launcher (two gloo
+processes), and tensor/sequence parallelism and amax reduction of the CPU reference checked
+against one process.
+
+One launch (module fixture) runs every multi-process check, since starting processes is the
+slow part: the reference's tensor- and sequence-parallel stack against the whole stack in one
+process, DDP against one process, amax reduction across ranks, and the launcher's handling of
+a task that raises, one that hangs and one whose process dies.
+"""
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fp8lab import collectives, distributed
+from fp8lab import parallel_worker as worker
+from fp8lab import reference as te
+from fp8lab.config import TransformerConfig, preset_config
+from fp8lab.flops import layer_parameters
+
+TINY = TransformerConfig(64, 256, 4, num_layers=2, name="tiny stack")
+
+# --- collectives (arithmetic) -----------------------------------------------------------------
+
+
+def test_bus_factors_follow_nccl_tests():
+    # doc/PERFORMANCE.md of nccl-tests: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n
+    assert collectives.bus_factor("all_reduce", 2) == 1.0
+    assert collectives.bus_factor("all_reduce", 8) == 1.75
+    assert collectives.bus_factor("all_gather", 8) == 0.875
+    assert collectives.bus_factor("reduce_scatter", 4) == 0.75
+    # 1 GB all-reduced in 10 ms on 8 ranks: algorithm bandwidth 100 GB/s, bus bandwidth 175 GB/s
+    assert collectives.bus_bandwidth("all_reduce", 1e9, 0.01, 8) == pytest.approx(175.0)
+
+
+def test_alpha_beta_fit_recovers_the_model():
+    truth = collectives.AlphaBeta("all_gather", 4, 12e-6, 300.0)
+    sizes = [4**k for k in range(6, 16)]
+    fit = collectives.fit_alpha_beta(sizes, [truth.time_s(m) for m in sizes], "all_gather", 4)
+    assert fit.alpha_s == pytest.approx(12e-6, rel=1e-6)
+    assert fit.bus_gbs == pytest.approx(300.0, rel=1e-6)
+    # half the bandwidth where alpha equals the transfer time
+    half = fit.half_bandwidth_bytes
+    assert fit.bandwidth_gbs(half) == pytest.approx(150.0, rel=1e-6)
+    assert fit.bandwidth_gbs(1e12) == pytest.approx(300.0, rel=1e-3)
+
+
+def test_fit_refuses_times_that_do_not_grow():
+    with pytest.raises(ValueError, match="seconds"):
+        collectives.fit_alpha_beta([1e3, 1e6], [2e-3, 1e-3], "all_reduce", 2)
+
+
+def test_step_traffic_counts_parameters_and_activations():
+    cfg = preset_config("te-tutorial").replace(num_layers=2)
+    params = 2 * sum(layer_parameters(cfg).values())
+    (dp,) = collectives.step_traffic(cfg, "DP", 4, 2048, 8)
+    assert dp.nbytes == 2 * params and dp.bytes_sent == pytest.approx(2 * params * 1.75)
+    fsdp = collectives.step_traffic(cfg, "FSDP", 4, 2048, 8, weight_bytes=1)
+    assert [c.op for c in fsdp] == ["all_gather", "all_gather", "reduce_scatter"]
+    assert fsdp[0].nbytes == params and fsdp[2].nbytes == 2 * params
+    # TP: 4 all-reduces of S*B*H per layer; SP moves the same total as all-gathers and
+    # reduce-scatters (each half of an all-reduce), plus TE's two re-gathers per layer
+    tp = collectives.step_traffic(cfg, "TP", 8, 2048, 2)
+    sp = collectives.step_traffic(cfg, "TP+SP", 8, 2048, 2)
+    activations = 2048 * 8 * 4096 * 2
+    assert sum(c.bytes_sent for c in tp) == pytest.approx(2 * 4 * activations * 0.5 * 2)
+    assert sum(c.bytes_sent for c in sp) == pytest.approx(
+        sum(c.bytes_sent for c in tp) + 2 * 2 * activations * 0.5
+    )
+    time = collectives.traffic_time(sp, 100.0, 0.0)
+    assert time == pytest.approx(sum(c.bytes_sent for c in sp) / 100e9)
+
+
+def test_collectives_is_arithmetic():
+    code = "import sys, fp8lab.collectives; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+def test_a_collective_on_one_rank_costs_nothing():
+    assert collectives.collective_time("all_reduce", 1e9, 1, 100.0, 1e-5) == 0.0
+
+
+# --- the worker's pure helpers ---------------------------------------------------------------
+
+
+def test_dual_chunks_balance_causal_work():
+    x = torch.arange(8)
+    assert worker.dual_chunks(x, 0, 2).tolist() == [0, 1, 6, 7]
+    assert worker.dual_chunks(x, 1, 2).tolist() == [2, 3, 4, 5]
+
+
+def test_shard_parameter_follows_te_layouts():
+    cfg = TransformerConfig(64, 256, 4, num_gqa_groups=2, num_layers=1)
+    d, per_group = cfg.head_dim, cfg.num_attention_heads // cfg.groups + 2
+    qkv = torch.arange(cfg.qkv_size * 64).reshape(cfg.qkv_size, 64)
+    local = worker.shard_parameter(
+        "0.self_attention.layernorm_qkv.weight", qkv, (cfg.qkv_size // 2, 64), 1, 2, cfg
+    )
+    rows = qkv.reshape(per_group, cfg.groups, d, 64)[:, 1].reshape(-1, 64)
+    assert torch.equal(local, rows)
+    fc2 = torch.arange(64 * 256).reshape(64, 256)
+    assert torch.equal(
+        worker.shard_parameter("0.layernorm_mlp.fc2_weight", fc2, (64, 128), 1, 2, cfg),
+        fc2[:, 128:],
+    )
+    swiglu = cfg.replace(activation="swiglu")
+    fc1 = torch.arange(512 * 64).reshape(512, 64)
+    local = worker.shard_parameter("0.layernorm_mlp.fc1_weight", fc1, (256, 64), 0, 2, swiglu)
+    assert torch.equal(local, torch.cat([fc1[:128], fc1[256:384]]))
+
+
+# --- the reference's refusals ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: te.Linear(64, 32, tp_size=2), "needs tp_group"),
+        (
+            lambda: te.TransformerLayer(64, 128, 4).set_context_parallel_group(None, [0], None),
+            "context parallelism",
+        ),
+        (lambda: te.initialize_ub([64, 64], 2), "Userbuffers"),
+        (lambda: te.TransformerLayer(64, 128, 4, ub_tp_comm_overlap=True), "ub_tp_comm_overlap"),
+    ],
+)
+def test_the_reference_refuses_what_it_does_not_model(call, message):
+    with pytest.raises(NotImplementedError, match=message):
+        call()
+
+
+# --- one launch on two gloo processes ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def run():
+    if torch.cuda.is_available():
+        pytest.skip("runs the CPU reference on gloo; with CUDA the chapter runs TE itself")
+    shared = {"model": dataclasses.asdict(TINY), "seq": 32, "batch": 2, "warmup": 1, "iters": 2}
+    tasks = [
+        distributed.Task("tp_check", "tp_check", {"steps": 3}),
+        distributed.Task("ddp_check", "ddp_check", {"steps": 3}),
+        distributed.Task("amax", "amax", {"steps": 2}),
+        distributed.Task("ok", "sleep", {"seconds": 0}),
+        distributed.Task("raises", "sleep", {"raise": True}),
+        distributed.Task("after_raise", "sleep", {"seconds": 0}),
+        distributed.Task("hangs", "sleep", {"seconds": 120}, timeout_s=3),
+        distributed.Task("after_hang", "sleep", {"seconds": 0}),
+        distributed.Task("dies", "sleep", {"exit_rank": 1}),
+        distributed.Task("after_death", "sleep", {"seconds": 0}),
+    ]
+    return distributed.launch(tasks, 2, shared=shared, deadline_s=400)
+
+
+def test_the_launcher_returns_each_ranks_data(run):
+    assert run.nproc == 2 and run.machine["backend"] == "gloo"
+    assert run["ok"].ok and [r["rank"] for r in run["ok"].rows] == [0, 1]
+    assert run["ok"].data["world"] == 2
+
+
+def test_failures_become_rows_and_the_rest_still_runs(run):
+    assert not run["raises"].ok and "asked to fail" in run["raises"].error
+    assert run["after_raise"].ok
+    assert not run["hangs"].ok and "timed out after 3 s" in run["hangs"].error
+    assert run["after_hang"].ok
+    assert not run["dies"].ok and run["after_death"].ok
+    assert len(run.commands) == 3  # the hang and the death each needed a new job
+
+
+def test_tensor_and_sequence_parallel_stack_equals_one_process(run):
+    rows = run["tp_check"].rows
+    assert {(r["precision"], r["sequence_parallel"]) for r in rows} == {
+        (p, sp) for p in ("bf16", "fp8") for sp in (True, False)
+    }
+    for row in rows:
+        assert "error" not in row, row
+        # FP32 on CPUs: the same function up to the order of additions
+        for key in ("output", "input gradient", "worst parameter gradient"):
+            assert row[key] < 1e-5, (row, key)
+
+
+def test_ddp_losses_equal_one_process(run):
+    rows = {(r["precision"], r["layout"]): r["losses"] for r in run["ddp_check"].rows}
+    one, two = rows["bf16", "1 GPU"], rows["bf16", "DDP, 2 GPUs"]
+    assert max(abs(a - b) / b for a, b in zip(one, two, strict=True)) < 1e-5
+    assert one[-1] < one[0]  # it trains
+
+
+def test_amax_reduction_aligns_scales_across_ranks(run):
+    rows = {r["setting"]: r["scales"] for r in run["amax"].rows}
+    alone = rows["per rank (reduce_amax=False)"]
+    assert alone[0]["input scale"] != alone[1]["input scale"]  # different data, scales
+    assert alone[0]["weight scale"] == alone[1]["weight scale"]  # DDP keeps weights equal
+    for setting in ("default group (amax_reduction_group=None)", "amax_reduction_group=world"):
+        assert rows[setting][0] == rows[setting][1]
+    assert run["amax"].data["reduction"]["time_us"] > 0
+
+
+def test_save_and_load_keep_the_results(run, tmp_path):
+    path = tmp_path / "run.json"
+    distributed.save(run, path)
+    back = distributed.load(path)
+    assert back.results == run.results and back.nproc == 2
+    assert json.loads(path.read_text())["stamp"]["backend"] == "gloo"
+
+
+# --- the launch command and the environment -------------------------------------------------
+
+
+def test_every_process_keeps_nvlink_multicast_off():
+    env = distributed.worker_environment({"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env["UB_SKIPMC"] == "1"
+    assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+def test_commands_for_one_and_several_nodes():
+    one = distributed.command(2, python="python")
+    assert one[:4] == ["python", "-m", "torch.distributed.run", "--standalone"]
+    assert one[one.index("--nproc-per-node") + 1] == "2"
+    two = distributed.command(8, nnodes=2, rdzv_endpoint="node-0:29500", python="python")
+    assert "--standalone" not in two and two[two.index("--nnodes") + 1] == "2"
+    assert two[two.index("--rdzv-endpoint") + 1] == "node-0:29500"
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        distributed.command(8, nnodes=2)
+
+
+def test_the_worker_refuses_to_run_outside_torchrun(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"tasks": []}))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from fp8lab.parallel_worker import main; "
+            f"main(['--plan', {str(plan)!r}, '--out', {str(tmp_path)!r}])",
+        ],
+        capture_output=True,
+        text=True,
+        env={
+            k: v
+            for k, v in distributed.worker_environment().items()
+            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+        },
+    )
+    assert done.returncode != 0 and "run this module under torchrun" in done.stderr
+
+
+# --- committed multi-GPU results -------------------------------------------------------------
+
+
+def test_committed_multi_gpu_results_are_stamped(root):
+    from tools import lane
+
+    files = sorted((root / "notebooks" / "results").glob("08_parallelism_*gpu.json"))
+    for path in files:
+        gpus = int(path.stem.split("_")[-1].removesuffix("gpu"))
+        stamp = distributed.load(path).stamp
+        assert lane.record_problems(stamp, path.name, gpus=gpus) == []
+        assert not math.isnan(float(stamp.get("gpu_count", math.nan)))
