@@ -96,12 +96,9 @@ SDPA_PINS = {
     "sdpa_efficient": "EFFICIENT_ATTENTION",
     "sdpa_math": "MATH",
 }
-CUDNN, FLASH_TORCH, FLASH_PACKAGE = (
-    "cuDNN fused",
-    "FlashAttention (PyTorch)",
-    "FlashAttention (flash-attn)",
-)
-EFFICIENT, UNFUSED, OTHER = "memory-efficient (cutlass)", "unfused: GEMMs + softmax", "other"
+# Kernel families, short enough for a table column.
+CUDNN, FLASH_TORCH, FLASH_PACKAGE = "cuDNN", "PyTorch flash", "flash-attn"
+EFFICIENT, UNFUSED, OTHER = "mem-efficient", "GEMM+softmax", "other"
 # Read off kernel (GPU) or operator (CPU) names; the first family whose pattern any name matches.
 # cuDNN's generated attention kernels contain "flash" too, so cuDNN is tested first.
 _FAMILIES = (
@@ -409,8 +406,10 @@ def capture_te_log(level: str = "DEBUG"):
 
 
 def kernel_family(names: Sequence[str]) -> str:
-    """What ran, read off kernel or operator names: cuDNN fused, FlashAttention (PyTorch's or
-    the flash-attn package), memory-efficient, unfused (GEMMs + softmax), or other."""
+    """What ran, read off kernel or operator names: ``cuDNN`` (fused attention), ``PyTorch flash``
+    (PyTorch's FlashAttention-2, or its CPU flash kernel), ``flash-attn`` (the flash-attn
+    packages), ``mem-efficient`` (xFormers' cutlass kernels), ``GEMM+softmax`` (unfused), or
+    ``other``."""
     if isinstance(names, str) or not isinstance(names, (list, tuple)):
         raise TypeError(
             f"names must be a list or tuple of kernel names, not {type(names).__name__}"
@@ -425,13 +424,29 @@ def kernel_family(names: Sequence[str]) -> str:
     return OTHER
 
 
+@contextlib.contextmanager
+def _quiet_fd2():
+    """Send file descriptor 2 to /dev/null for the body: the profiler's C++ side (kineto) logs
+    its start and stop there (torch 2.13), and a notebook's kernel forwards fd 2 into the
+    outputs. What it reports that matters (the kernels) comes back as data."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _kernels(fn: Callable[[], Any], cuda: bool) -> tuple[str, ...]:
     """Kernel (GPU) or operator (CPU) names of one call of ``fn``, by device time, largest
     first."""
     from torch.profiler import ProfilerActivity, profile
 
     activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
-    with profile(activities=[activity]) as prof:
+    with _quiet_fd2(), profile(activities=[activity]) as prof:
         fn()
         if cuda:
             torch.cuda.synchronize()
@@ -597,6 +612,8 @@ def run_attention(
     checks.integer("warmup", warmup, minimum=0)
     checks.integer("iters", iters, minimum=2)
     checks.flag("profile", profile)
+    if extra is not None and not isinstance(extra, Mapping):
+        raise TypeError(f"extra={extra!r}: must be a mapping of column names to values")
     extra = dict(extra or {})
     common = {"label": label, "backend": backend, "flops": flops, "extra": extra}
     if backend in TE_SWITCHES and not _uses_real_te():
@@ -614,6 +631,8 @@ def run_attention(
             cuda = torch.cuda.is_available()
             if cuda:
                 torch.cuda.synchronize()
+                if torch.cuda.memory_allocated() > 2**30:  # left over: free what is garbage
+                    _free_memory(True)
                 baseline = torch.cuda.memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
             inputs = tuple(make_inputs())
@@ -687,7 +706,6 @@ def run_attention(
             status="out of memory", reason=_first_line(error)[:200], log=tuple(log), **common
         )
     state.clear()
-    _free_memory(False)
     return AttentionResult(
         status="ok",
         timing=timing,
@@ -718,6 +736,7 @@ def measure(
     context: Callable[[], contextlib.AbstractContextManager] | None = None,
     env: Mapping[str, str] | None = None,
     label: str | None = None,
+    extra: Mapping[str, Any] | None = None,
     **timing: Any,
 ) -> AttentionResult:
     """:func:`run_attention` of one :class:`AttentionShape` on one backend, forward + backward.
@@ -726,6 +745,7 @@ def measure(
     attn_mask_type=..., window_size=..., attention_dropout=...)`` (``te`` from
     :func:`fp8lab.import_te`); SDPA backends call :func:`sdpa_attention`; ``explicit`` calls
     :func:`explicit_attention`. FLOPs: ``shape.flops()`` (model FLOPs, backward = 2x forward).
+    ``extra`` adds columns to the row (the row always has ``S``).
     """
     checks.choice("backend", backend, BACKENDS)
     if not isinstance(shape, AttentionShape):
@@ -734,6 +754,8 @@ def measure(
         raise ValueError(f"backend={backend!r} needs te= (the module from fp8lab.import_te())")
     if label is not None and not isinstance(label, str):
         raise TypeError(f"label={label!r}: must be a string")
+    if extra is not None and not isinstance(extra, Mapping):
+        raise TypeError(f"extra={extra!r}: must be a mapping of column names to values")
     kwargs = {"mask": shape.mask, "window_size": shape.window_size, "dropout_p": shape.dropout}
 
     if backend.startswith("te_"):
@@ -762,7 +784,7 @@ def measure(
         flops=shape.flops(),
         context=context,
         env=env,
-        extra={"S": shape.seq},
+        extra={"S": shape.seq, **dict(extra or {})},
         **timing,
     )
 
@@ -806,7 +828,9 @@ def _child_main() -> int:  # pragma: no cover - runs on the GPU, in a fresh proc
     import transformer_engine.pytorch as te  # first: TE must load cuDNN before torch does
     from transformer_engine.common import recipe as te_recipe
 
-    torch.cuda.init()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        torch.cuda.init()
     cases = json.loads(sys.stdin.read())
     recipes = {"delayed": te_recipe.DelayedScaling, "current": te_recipe.Float8CurrentScaling}
     for index, case in enumerate(cases):
@@ -832,7 +856,7 @@ def _child_main() -> int:  # pragma: no cover - runs on the GPU, in a fresh proc
                 attn_mask_type=shape.mask,
                 window_size=shape.window_size,
             )
-            q, k, v = shape.make_inputs(device="cuda")
+            q, k, v = shape.make_inputs(device=device)
             fp8 = case.get("recipe")
             autocast = (
                 te.autocast(recipe=recipes[fp8](fp8_dpa=True, fp8_mha=case.get("fp8_mha", False)))
@@ -842,7 +866,8 @@ def _child_main() -> int:  # pragma: no cover - runs on the GPU, in a fresh proc
             with autocast:
                 out = module(q, k, v)
             out.float().sum().backward()
-            torch.cuda.synchronize()
+            if device == "cuda":
+                torch.cuda.synchronize()
         except Exception as error:  # the point is to show the error, whatever its kind
             print(f"{_CHILD_MARK} error {_first_line(error)}", file=sys.stderr, flush=True)
         finally:
@@ -909,9 +934,12 @@ def te_selection_logs(cases: Sequence[Mapping[str, Any]], timeout_s: float = 300
             timeout=timeout_s,
             check=False,
         )
-        stderr = done.stderr
+        stderr, stopped = done.stderr, f"exit status {done.returncode}"
     except subprocess.TimeoutExpired as error:
         stderr = error.stderr.decode() if isinstance(error.stderr, bytes) else error.stderr or ""
+        stopped = f"timed out after {timeout_s:.0f} s"
+    last = [line for line in stderr.splitlines() if line.strip() and _CHILD_MARK not in line]
+    stopped += f": {last[-1].strip()[:200]}" if last else ""
     blocks: dict[int, list[str]] = {}
     errors: dict[int, str] = {}
     current, in_te_line = None, False
@@ -937,7 +965,8 @@ def te_selection_logs(cases: Sequence[Mapping[str, Any]], timeout_s: float = 300
         SelectionLog(
             c["title"],
             tuple(blocks.get(i, ())),
-            errors.get(i) or (None if i in blocks else "the logging process did not reach it"),
+            errors.get(i)
+            or (None if i in blocks else f"the logging process stopped first ({stopped})"),
         )
         for i, c in enumerate(prepared)
     ]

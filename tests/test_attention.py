@@ -444,7 +444,7 @@ def test_forward_mode_and_module_parameters():
         ),
         (
             ["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>"],
-            "FlashAttention (PyTorch)",
+            attention.FLASH_TORCH,
         ),
         (
             ["flash_fwd_kernel<Flash_fwd_kernel_traits>", "flash_bwd_dot_do_o_kernel"],
@@ -534,6 +534,64 @@ def test_selection_logs_without_te_say_so():
     logs = attention.te_selection_logs([{"shape": SMALL, "title": "small"}])
     assert logs[0].title == "small" and "needs Transformer Engine" in logs[0].error
     assert logs[0].summary() == ["-> needs Transformer Engine on a CUDA GPU"]
+
+
+FAKE_TE = """
+import contextlib, logging, os
+from fp8lab.reference import DotProductAttention as _Reference
+
+_log = logging.getLogger("DotProductAttention")
+_handler = logging.StreamHandler()
+_handler.setFormatter(logging.Formatter("[%(levelname)-8s | %(name)-19s]: %(message)s"))
+_log.addHandler(_handler)
+_log.setLevel(logging.DEBUG if os.environ.get("NVTE_DEBUG") == "1" else logging.WARNING)
+
+
+class DotProductAttention(_Reference):
+    def forward(self, q, k, v, **kwargs):
+        _log.debug("Running with config={'max_seqlen_q': %d}", q.shape[1])
+        if os.environ.get("NVTE_FUSED_ATTN") == "0":
+            _log.debug("Disabling FusedAttention due to NVTE_FUSED_ATTN=0")
+            _log.warning("flash-attn v4 may help. Please install flash-attn v4 by \\npip install x")
+            _log.debug("Selected backend = UnfusedDotProductAttention.")
+        else:
+            _log.debug("Selected backend = FusedAttention (sub-backend 1).")
+        return super().forward(q, k, v, **kwargs)
+
+
+@contextlib.contextmanager
+def autocast(recipe=None, **kwargs):
+    if type(recipe).__name__ == "Float8CurrentScaling":
+        raise ValueError("No dot product attention backend is available for the provided inputs.")
+    yield
+"""
+
+
+def test_selection_logs_parse_what_a_fresh_process_prints(tmp_path, monkeypatch):
+    """The child process and the parsing, with a stand-in for TE that logs as TE does."""
+    package = tmp_path / "transformer_engine"
+    (package / "pytorch").mkdir(parents=True)
+    (package / "common").mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "pytorch" / "__init__.py").write_text(FAKE_TE)
+    (package / "common" / "__init__.py").write_text("")
+    (package / "common" / "recipe.py").write_text("from fp8lab.reference.recipe import *\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setattr(attention, "_uses_real_te", lambda: True)
+    logs = attention.te_selection_logs(
+        [
+            {"shape": SMALL, "title": "default"},
+            {"shape": SMALL, "env": {"NVTE_FUSED_ATTN": "0"}},
+            {"shape": SMALL, "recipe": "current"},
+        ]
+    )
+    assert [log.title for log in logs] == ["default", SMALL.label, SMALL.label]
+    assert logs[0].selected == "FusedAttention (sub-backend 1)" and logs[0].error is None
+    assert len(logs[0].summary()) == 1 and len(logs[0].summary(config=True)) == 2
+    assert logs[1].selected == "UnfusedDotProductAttention"
+    assert "pip install x" in logs[1].lines  # the second line of a two-line TE message
+    assert logs[2].error.startswith("ValueError: No dot product attention backend")
+    assert "NVTE_FUSED_ATTN" not in os.environ
 
 
 def test_selection_log_cases_are_checked():

@@ -42,7 +42,8 @@ FP32 forward accumulation and report the default beside it.
 
 Not modelled (each raises ``NotImplementedError``): tensor/sequence parallelism over more
 than one rank, FP8 attention (``fp8_dpa``/``fp8_mha``), NVFP4 training, CUDA graphs,
-calibration, attention masks other than ``causal``/``no_mask``, and other TE modules.
+calibration, padding and arbitrary attention masks (``causal``, ``causal_bottom_right`` and
+``no_mask`` are modelled, with sliding windows), and other TE modules.
 """
 
 import torch.utils.checkpoint as _torch_checkpoint
