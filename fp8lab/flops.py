@@ -11,7 +11,17 @@ Attention comes in two conventions, named everywhere:
   eq. 3) count it, and as ``torch.utils.flop_counter.FlopCounterMode`` counts
   ``scaled_dot_product_attention``;
 * ``causal=True`` -- only the lower triangle, half of it, which is what causal
-  FlashAttention-style kernels actually compute.
+  FlashAttention-style kernels actually compute (the convention of FlashAttention's
+  benchmarks, Dao et al. 2022);
+* a sliding window (``window_size``, Transformer Engine's ``(left, right)``) -- the exact
+  number of query-key pairs inside the window, as FlashAttention-3's benchmark counts it
+  (Shah et al. 2024). Without a window, causal is half the square: S^2/2 pairs per head,
+  S/2 fewer than the S(S+1)/2 pairs a causal mask keeps (1/S relative).
+
+Grouped-query attention (G key/value groups, G < A) does not change these FLOPs: every one
+of the A query heads still scores against S keys; it only shrinks K, V and their traffic.
+:func:`attention_core_flops` is the one count of attention's two products; every other
+function here that counts attention calls it.
 
 Training is forward + backward, the backward costing 2x the forward for every matmul
 (model FLOPs, the PaLM definition behind MFU). Recompute, one vocabulary everywhere
@@ -38,9 +48,13 @@ from fp8lab import checks
 from fp8lab.config import TransformerConfig, require_config
 
 __all__ = [
+    "ATTENTION_MASKS",
     "RECOMPUTE",
     "Gemm",
+    "attended_pairs",
+    "attention_core_flops",
     "attention_flops",
+    "attention_window",
     "forward_flops",
     "layer_flops",
     "layer_gemms",
@@ -58,6 +72,7 @@ __all__ = [
 ]
 
 RECOMPUTE = ("none", "selective", "full")
+ATTENTION_MASKS = ("no_mask", "causal", "causal_bottom_right")
 ATTENTION_GEMMS = ("scores QK^T", "context PV")
 
 
@@ -160,11 +175,124 @@ def layer_gemms(cfg: TransformerConfig, batch: int, seq: int) -> list[Gemm]:
     ]
 
 
-def attention_flops(cfg: TransformerConfig, batch: int, seq: int, causal: bool = False) -> int:
-    """Forward FLOPs of QK^T and PV in one layer: ``4 B S^2 A D``, halved when ``causal``."""
+# --- the attention core ---------------------------------------------------------------------------
+
+
+def attention_window(mask: str = "no_mask", window_size=None) -> tuple[int, int]:
+    """The sliding window ``(left, right)`` of a self-attention mask, as TE reads it.
+
+    Query i attends to keys ``i - left .. i + right`` (inclusive); -1 means no limit on that
+    side. ``None`` means no window: ``(-1, -1)`` without a mask, ``(-1, 0)`` for the causal
+    masks (TE's ``check_set_window_size``). A causal mask needs ``right = 0`` (``(-1, -1)`` is read
+    as no window); without a mask both sides are -1 or both are >= 0. Where TE warns and
+    rewrites a window, this refuses it. For self-attention (S_q = S_kv) ``causal`` and
+    ``causal_bottom_right`` are the same mask.
+    """
+    checks.choice("mask", mask, ATTENTION_MASKS)
+    causal = mask != "no_mask"
+    if window_size is None:
+        return (-1, 0) if causal else (-1, -1)
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size={window_size!r}: must be None or a pair (left, right)")
+    left = checks.integer("window_size[0]", window_size[0], minimum=-1)
+    right = checks.integer("window_size[1]", window_size[1], minimum=-1)
+    if causal:
+        if (left, right) == (-1, -1):
+            return (-1, 0)
+        if right != 0:
+            raise ValueError(
+                f"window_size={tuple(window_size)}: mask={mask!r} needs (-1, 0) or (left >= 0, 0)"
+            )
+    elif (left == -1) != (right == -1):
+        raise ValueError(
+            f"window_size={tuple(window_size)}: mask='no_mask' needs (-1, -1) or (left >= 0, "
+            "right >= 0)"
+        )
+    return (left, right)
+
+
+def _window_is_sliding(left: int, right: int, causal: bool) -> bool:
+    return left >= 0 or (not causal and right >= 0)
+
+
+def attended_pairs(seq: int, mask: str = "no_mask", window_size=None) -> int:
+    """Query-key pairs one head of self-attention scores: ``S^2`` without a mask, ``S(S+1)/2``
+    with a causal one, and the exact count inside a sliding window (computed in closed form).
+    """
+    checks.integer("seq", seq)
+    left, right = attention_window(mask, window_size)
+    left = seq if left == -1 else min(left, seq)  # [S, S]: row i sees keys max(0, i - left) ..
+    right = seq if right == -1 else min(right, seq)  # .. min(S - 1, i + right)
+    rows_below_cap = max(0, seq - right)  # rows with i + right <= S - 1
+    upper = (
+        rows_below_cap * (rows_below_cap - 1) // 2
+        + rows_below_cap * right
+        + (seq - rows_below_cap) * (seq - 1)
+    )
+    rows_past_left = max(0, seq - left)  # rows with i - left >= 0
+    lower = rows_past_left * (rows_past_left - 1) // 2
+    return upper - lower + seq
+
+
+def attention_core_flops(
+    batch: int,
+    heads: int,
+    seq: int,
+    head_dim: int,
+    *,
+    mask: str = "no_mask",
+    window_size=None,
+    groups: int | None = None,
+    backward: bool = False,
+    backward_factor: float = 2.0,
+) -> float:
+    """FLOPs of one attention core, ``softmax(Q K^T) V``, for B sequences of S tokens and A heads.
+
+    Forward: ``4 B A D`` times the pairs scored -- ``S^2`` without a mask; ``S^2 / 2`` for a
+    causal mask without a window (the half-square convention); the exact pairs of
+    :func:`attended_pairs` with a sliding window. ``groups`` (G key/value heads) is checked
+    but changes nothing (see the module notes). ``backward=True`` adds the backward,
+    ``backward_factor`` times the forward: 2 counts model FLOPs (two products per forward
+    product); 2.5 adds the recomputed scores of a FlashAttention backward.
+    """
+    checks.integer("batch", batch)
+    checks.integer("heads", heads)
+    checks.integer("seq", seq)
+    checks.integer("head_dim", head_dim)
+    if groups is not None and heads % checks.integer("groups", groups):
+        raise ValueError(f"groups={groups}: must divide heads={heads}")
+    checks.flag("backward", backward)
+    factor = checks.number("backward_factor", backward_factor, positive=True)
+    left, right = attention_window(mask, window_size)
+    causal = mask != "no_mask"
+    if _window_is_sliding(left, right, causal):
+        pairs = attended_pairs(seq, mask, window_size)
+        forward = 4 * batch * heads * head_dim * pairs
+    else:
+        forward = 4 * batch * heads * head_dim * seq * seq
+        forward = forward // 2 if causal else forward
+    return forward * (1 + factor) if backward else forward
+
+
+def attention_flops(
+    cfg: TransformerConfig, batch: int, seq: int, causal: bool = False, window_size=None
+) -> int:
+    """Forward FLOPs of QK^T and PV in one layer: ``4 B S^2 A D``, halved when ``causal``.
+
+    :func:`attention_core_flops` with the config's A, D and G (a ``window_size`` counts the pairs
+    inside the window).
+    """
+    _shape(cfg, batch, seq)
     checks.flag("causal", causal)
-    full = sum(g.flops for g in layer_gemms(cfg, batch, seq) if g.is_attention)
-    return full // 2 if causal else full
+    return attention_core_flops(
+        batch,
+        cfg.num_attention_heads,
+        seq,
+        cfg.head_dim,
+        mask="causal" if causal else "no_mask",
+        window_size=window_size,
+        groups=cfg.groups,
+    )
 
 
 def layer_flops(cfg: TransformerConfig, batch: int, seq: int, causal: bool = False) -> int:

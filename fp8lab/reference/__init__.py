@@ -45,8 +45,9 @@ Tensor and sequence parallelism (``tp_group``, ``parallel_mode``, ``set_parallel
 ``autocast(amax_reduction_group=...)`` reduces delayed-scaling amaxes across ranks as TE does.
 
 Not modelled (each raises ``NotImplementedError``): context parallelism, Userbuffers, FP8
-attention (``fp8_dpa``/``fp8_mha``), NVFP4 training, CUDA graphs,
-calibration, attention masks other than ``causal``/``no_mask``, and other TE modules.
+attention (``fp8_dpa``/``fp8_mha``), NVFP4 training, CUDA graphs, calibration, padding and
+arbitrary attention masks (``causal``, ``causal_bottom_right`` and ``no_mask`` are modelled,
+with sliding windows), and other TE modules.
 """
 
 import torch.utils.checkpoint as _torch_checkpoint

@@ -1,0 +1,198 @@
+"""Property-test entries for the attention pieces: ``fp8lab.attention`` and the attention FLOPs
+of ``fp8lab.flops`` (imported by tests/test_inputs.py)."""
+
+from __future__ import annotations
+
+import os
+
+import hypothesis.strategies as st
+import torch
+
+from fp8lab import attention, flops
+from tests.property_support import Entry, ints, maybe
+
+MASKS = st.sampled_from(flops.ATTENTION_MASKS)
+WINDOWS = st.sampled_from([None, (-1, -1), (-1, 0), (0, 0), (7, 0), (3, 5), (64, 0)])
+SHAPE = attention.AttentionShape(1, 16, 2, 8, groups=1)
+FAST = {"warmup": 0, "iters": 2, "profile": False}
+
+
+def _qkv(groups):
+    torch.manual_seed(0)
+    return (
+        torch.randn(1, 12, 4, 8),
+        torch.randn(1, 12, groups, 8) if isinstance(groups, int) and groups > 0 else groups,
+        torch.randn(1, 12, groups, 8) if isinstance(groups, int) and groups > 0 else groups,
+    )
+
+
+def _explicit(groups, mask, window_size, dropout_p):
+    return attention.explicit_attention(
+        *_qkv(groups), mask=mask, window_size=window_size, dropout_p=dropout_p
+    )
+
+
+def _sdpa(groups, mask, window_size, dropout_p):
+    return attention.sdpa_attention(
+        *_qkv(groups), mask=mask, window_size=window_size, dropout_p=dropout_p
+    )
+
+
+def _shape(batch, seq, heads, head_dim, groups, mask, window_size, dropout):
+    return attention.AttentionShape(
+        batch, seq, heads, head_dim, groups, mask, window_size, dropout
+    ).flops()
+
+
+def _context(backend, env):
+    with attention.backend_context(backend, env=env):
+        inside = os.environ.get("NVTE_FUSED_ATTN")
+    return inside
+
+
+def _capture(level):
+    with attention.capture_te_log(level) as lines:
+        pass
+    return lines
+
+
+def _run(backend, mode, iters, warmup):
+    return attention.run_attention(
+        lambda: lambda x: x * 2,
+        lambda: (torch.randn(4, requires_grad=True),),
+        backend=backend,
+        mode=mode,
+        iters=iters,
+        warmup=warmup,
+        profile=False,
+    ).median_ms
+
+
+def _result(backend, status, label):
+    return attention.AttentionResult(label=label, backend=backend, status=status).as_row()["status"]
+
+
+ENTRIES = {
+    "flops.ATTENTION_MASKS": Entry(lambda: len(flops.ATTENTION_MASKS), {}, examples=2),
+    "flops.attention_window": Entry(
+        flops.attention_window,
+        {"mask": maybe(MASKS), "window_size": maybe(WINDOWS)},
+        signed=True,  # -1: no limit on that side
+    ),
+    "flops.attended_pairs": Entry(
+        flops.attended_pairs,
+        {"seq": maybe(ints(1, 5000)), "mask": maybe(MASKS), "window_size": maybe(WINDOWS)},
+    ),
+    "flops.attention_core_flops": Entry(
+        flops.attention_core_flops,
+        {
+            "batch": maybe(ints()),
+            "heads": maybe(st.sampled_from([8, 16, 32])),
+            "seq": maybe(ints(1, 40000)),
+            "head_dim": maybe(st.sampled_from([64, 128, 256])),
+            "mask": maybe(MASKS),
+            "window_size": maybe(WINDOWS),
+            "groups": maybe(st.sampled_from([None, 1, 8])),
+            "backward": maybe(st.booleans()),
+            "backward_factor": maybe(st.sampled_from([2.0, 2.5])),
+        },
+        aliases={"heads": ["groups"], "groups": ["heads"]},
+    ),
+    "attention.BACKENDS": Entry(lambda: len(attention.BACKENDS), {}, examples=2),
+    "attention.EXPECTED_FAMILY": Entry(lambda: len(attention.EXPECTED_FAMILY), {}, examples=2),
+    "attention.AttentionShape": Entry(
+        _shape,
+        {
+            "batch": maybe(ints(1, 4)),
+            "seq": maybe(ints(1, 4096)),
+            "heads": maybe(st.sampled_from([4, 8])),
+            "head_dim": maybe(st.sampled_from([64, 128])),
+            "groups": maybe(st.sampled_from([None, 1, 2, 4])),
+            "mask": maybe(MASKS),
+            "window_size": maybe(WINDOWS),
+            "dropout": maybe(st.sampled_from([0.0, 0.1])),
+        },
+        aliases={"heads": ["groups"], "groups": ["heads"]},
+    ),
+    "attention.window_mask": Entry(
+        attention.window_mask,
+        {"seq": maybe(ints(1, 64)), "mask": maybe(MASKS), "window_size": maybe(WINDOWS)},
+    ),
+    "attention.explicit_attention": Entry(
+        _explicit,
+        {
+            "groups": maybe(st.sampled_from([1, 2, 4])),
+            "mask": maybe(MASKS),
+            "window_size": maybe(WINDOWS),
+            "dropout_p": maybe(st.sampled_from([0.0, 0.1])),
+        },
+        aliases={"groups": ["k ", "heads", "q "]},
+        signed=True,
+        examples=20,
+    ),
+    "attention.sdpa_attention": Entry(
+        _sdpa,
+        {
+            "groups": maybe(st.sampled_from([1, 2, 4])),
+            "mask": maybe(MASKS),
+            "window_size": maybe(WINDOWS),
+            "dropout_p": maybe(st.sampled_from([0.0, 0.1])),
+        },
+        aliases={"groups": ["k ", "heads", "q "]},
+        signed=True,
+        examples=20,
+    ),
+    "attention.kernel_family": Entry(
+        attention.kernel_family,
+        {"names": maybe(st.sampled_from([["aten::bmm", "aten::_softmax"], ["fmha_cutlassF"], []]))},
+    ),
+    "attention.backend_context": Entry(
+        _context,
+        {
+            "backend": maybe(st.sampled_from(list(attention.BACKENDS))),
+            "env": maybe(st.sampled_from([None, {"NVTE_FP8_DPA_BWD": "0"}])),
+        },
+        examples=20,
+    ),
+    "attention.capture_te_log": Entry(
+        _capture, {"level": maybe(st.sampled_from(["DEBUG", "INFO", "WARNING"]))}, examples=10
+    ),
+    "attention.run_attention": Entry(
+        _run,
+        {
+            "backend": maybe(st.sampled_from(["explicit", "sdpa_auto", "te_auto"])),
+            "mode": maybe(st.sampled_from(["forward", "forward_backward"])),
+            "iters": maybe(ints(2, 4)),
+            "warmup": maybe(ints(0, 2)),
+        },
+        examples=10,
+    ),
+    "attention.measure": Entry(
+        lambda backend, shape: attention.measure(backend, shape, **FAST),
+        {
+            "backend": maybe(st.sampled_from(["explicit", "sdpa_math", "sdpa_flash"])),
+            "shape": maybe(st.just(SHAPE)),
+        },
+        examples=6,
+    ),
+    "attention.AttentionResult": Entry(
+        _result,
+        {
+            "backend": maybe(st.sampled_from(list(attention.BACKENDS))),
+            "status": maybe(st.sampled_from(["refused", "out of memory", "skipped"])),
+            "label": maybe(st.just("row")),
+        },
+    ),
+    "attention.SelectionLog": Entry(
+        lambda title: attention.SelectionLog(title, error="x").summary(),
+        {"title": maybe(st.just("case"))},
+    ),
+    "attention.te_selection_logs": Entry(
+        lambda shape, timeout_s: attention.te_selection_logs(
+            [{"shape": shape}], timeout_s=timeout_s
+        ),
+        {"shape": maybe(st.just(SHAPE)), "timeout_s": maybe(st.sampled_from([60.0, 300.0]))},
+        aliases={"shape": ["cases"]},
+        examples=6,
+    ),
+}
