@@ -446,7 +446,7 @@ def _kernels(fn: Callable[[], Any], cuda: bool) -> tuple[str, ...]:
     from torch.profiler import ProfilerActivity, profile
 
     activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
-    with _quiet_fd2(), profile(activities=[activity]) as prof:
+    with _quiet_fd2(), profile(activities=[activity], acc_events=True) as prof:
         fn()
         if cuda:
             torch.cuda.synchronize()

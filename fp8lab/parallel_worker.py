@@ -1041,7 +1041,7 @@ def profile_step(ctx: Context, step: Callable, warmup: int = 3) -> dict:
     if ctx.cuda:
         torch.cuda.synchronize()
     activity = ProfilerActivity.CUDA if ctx.cuda else ProfilerActivity.CPU
-    with profile(activities=[activity]) as prof:
+    with profile(activities=[activity], acc_events=True) as prof:
         step()
         if ctx.cuda:
             torch.cuda.synchronize()

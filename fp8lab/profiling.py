@@ -94,7 +94,9 @@ def time_breakdown(
         fn()
     if cuda:
         torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
+    # acc_events: one profiling cycle here; without it torch warns that it clears events per cycle
+    activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with profile(activities=activities, acc_events=True) as prof:
         for _ in range(iters):
             fn()
         if cuda:
