@@ -46,6 +46,7 @@ import contextlib
 import inspect
 import statistics
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -183,9 +184,14 @@ def _takes_first_microbatch(module: torch.nn.Module) -> bool:
         return False
 
 
+_MICROBATCH_MODULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _microbatch_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The outermost modules whose forward takes ``is_first_microbatch`` (TE modules; a
-    ``TransformerLayer`` passes the flag on to its own)."""
+    ``TransformerLayer`` passes the flag on to its own); looked up once per model."""
+    if model in _MICROBATCH_MODULES:
+        return _MICROBATCH_MODULES[model]
     found: list[torch.nn.Module] = []
 
     def visit(module):
@@ -196,6 +202,7 @@ def _microbatch_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
             visit(child)
 
     visit(model)
+    _MICROBATCH_MODULES[model] = found
     return found
 
 

@@ -485,4 +485,4 @@ def test_te_step_paths_agree_and_caching_is_exact_under_current_scaling():
     base = grads[("fp32_buffer", False)]
     assert _relative(grads[("fused", False)], base) < 0.02
     assert _relative(grads[("param", False)], base) < 0.02
-    assert _relative(grads[("param", True)], grads[("param", False)]) < 1e-3
+    assert _relative(grads[("param", True)], grads[("param", False)]) < 5e-3

@@ -174,6 +174,7 @@ class FusedAdam(torch.optim.Optimizer):
             correction1 = 1 - beta1**step if group["bias_correction"] else 1.0
             correction2 = 1 - beta2**step if group["bias_correction"] else 1.0
             lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
+            params, values, grads, firsts, seconds = [], [], [], [], []
             for p in group["params"]:
                 state = self.state[p]
                 if len(state) == 0:
@@ -195,17 +196,29 @@ class FusedAdam(torch.optim.Optimizer):
                     value = state["master_param"]
                 else:
                     value = p.detach().float()
-                g = grad.detach().float()
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                if not self.adam_w_mode:  # L2 regularisation: the decay joins the gradient
-                    g = g + decay * value
-                m.mul_(beta1).add_(g, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                update = (m / correction1) / ((v / correction2).sqrt() + eps)
-                if self.adam_w_mode:
-                    update = update + decay * value
-                value.sub_(lr * update)
-                if fp8:
+                params.append(p)
+                values.append(value)
+                grads.append(grad.detach().float())
+                firsts.append(state["exp_avg"])
+                seconds.append(state["exp_avg_sq"])
+            if not params:
+                continue
+            if not self.adam_w_mode:  # L2 regularisation: the decay joins the gradient
+                grads = torch._foreach_add(grads, values, alpha=decay)
+            torch._foreach_mul_(firsts, beta1)
+            torch._foreach_add_(firsts, grads, alpha=1 - beta1)
+            torch._foreach_mul_(seconds, beta2)
+            torch._foreach_addcmul_(seconds, grads, grads, value=1 - beta2)
+            denominators = torch._foreach_div(seconds, correction2)
+            torch._foreach_sqrt_(denominators)
+            torch._foreach_add_(denominators, eps)
+            updates = torch._foreach_div(firsts, correction1)
+            torch._foreach_div_(updates, denominators)
+            if self.adam_w_mode:
+                torch._foreach_add_(updates, values, alpha=decay)
+            torch._foreach_add_(values, updates, alpha=-lr)
+            for p, value in zip(params, values, strict=True):
+                if _is_fp8(p):
                     requantize_fp8_weight(p, value)
                 elif value.data_ptr() != p.data_ptr():
                     p.copy_(value)  # round to the parameter's dtype (nearest even)

@@ -359,8 +359,9 @@ def quantized_model_init(
     parameter dtype), marked ``weight._fp8lab_quantized``; TE stores the FP8 bytes themselves.
     In-place writes into such a weight (``copy_``, ``normal_``, ``load_state_dict``) store the
     values as given, where TE quantizes them; the next forward quantizes them as TE's stored
-    copy was, so the GEMMs see the same FP8 values. With ``preserve_high_precision_init_val=True`` each weight keeps its values before the cast
-    on the CPU, as TE does: ``weight.get_high_precision_init_val()``, then
+    copy was, so the GEMMs see the same FP8 values. With
+    ``preserve_high_precision_init_val=True`` each weight keeps its values before the cast on
+    the CPU, as TE does: ``weight.get_high_precision_init_val()``, then
     ``weight.clear_high_precision_init_val()`` once master weights are set from them.
     """
     previous = (STATE.model_init_recipe, STATE.model_init_preserve)
