@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from fp8lab import checks
 
 __all__ = [
+    "CACHE_WORKSPACES",
     "GRAD_ACCUMULATION",
     "SeedBand",
     "StepOptions",
@@ -72,6 +73,7 @@ __all__ = [
 ]
 
 GRAD_ACCUMULATION = ("param", "fp32_buffer", "fused")
+# The part of training_state_bytes() beside memory.Part's: FP8 weight copies kept between steps
 CACHE_WORKSPACES = "FP8 weight caches (is_first_microbatch)"
 
 

@@ -89,6 +89,7 @@ def _seed(with_source):
 
 ENTRIES = {
     "training.GRAD_ACCUMULATION": Entry(lambda: len(training.GRAD_ACCUMULATION), {}, examples=1),
+    "training.CACHE_WORKSPACES": Entry(lambda: len(training.CACHE_WORKSPACES), {}, examples=1),
     "training.StepOptions": Entry(
         lambda cache, mode, bf16, max_norm: _options(cache, mode, bf16, max_norm).max_grad_norm,
         {
