@@ -340,6 +340,7 @@ def train_step(
     fp8_recipe=None,
     options: StepOptions | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = None,
+    measure_peak: bool = True,
 ) -> StepResult:
     """One optimizer step over ``micro_batches`` (N pairs of ``(inputs, targets)``).
 
@@ -351,6 +352,9 @@ def train_step(
     targets)`` returns a scalar (default :func:`lm_loss`: the model returns logits ``[B, S, V]``).
     The model's weights change once, after the last micro-batch. Returns a :class:`StepResult`;
     the host waits for the device once, at the end (to read the loss and the timers).
+    ``measure_peak`` resets CUDA's peak-memory counter at the start of the step and reads it at
+    the end; ``False`` leaves the counter alone (a caller measuring a whole run) and reports
+    ``None``.
 
     Example (chapter 06)::
 
@@ -368,6 +372,7 @@ def train_step(
     if fp8_recipe is not None and te is None:
         raise ValueError("fp8_recipe needs te= (the module returned by fp8lab.import_te())")
     loss_fn = lm_loss if loss_fn is None else loss_fn
+    checks.flag("measure_peak", measure_peak)
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, not {type(loss_fn).__name__}")
     params = _trainable(model)
@@ -390,7 +395,8 @@ def train_step(
     count = len(micro_batches)
 
     if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
+        if measure_peak:
+            torch.cuda.reset_peak_memory_stats(device)
         events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
         events[0].record()
     else:
@@ -439,7 +445,7 @@ def train_step(
         events[2].synchronize()
         step_ms = events[0].elapsed_time(events[2])
         optimizer_ms = min(events[1].elapsed_time(events[2]), step_ms)
-        peak = int(torch.cuda.max_memory_allocated(device))
+        peak = int(torch.cuda.max_memory_allocated(device)) if measure_peak else None
     else:
         clock.append(time.perf_counter())
         step_ms, optimizer_ms = (clock[2] - clock[0]) * 1e3, (clock[2] - clock[1]) * 1e3
@@ -634,7 +640,7 @@ def train(
     the forward under ``te.autocast(recipe=fp8_recipe)``; without a recipe the TE modules run in
     high precision. ``bf16_autocast`` (or ``options.bf16_autocast``) defaults to True on a GPU and
     False on a CPU. ``on_step(model, step)`` is called after each optimizer step (to log scales,
-    say).
+    say). CUDA's peak-memory counter is left alone, so a caller can read the peak of a whole run.
     """
     _check_model_and_optimizer(model, optimizer)
     if fp8_recipe is not None and te is None:
@@ -659,7 +665,14 @@ def train(
         if len(group) < micro_batches:
             continue
         result = train_step(
-            model, group, optimizer, te=te, fp8_recipe=fp8_recipe, options=options, loss_fn=loss_fn
+            model,
+            group,
+            optimizer,
+            te=te,
+            fp8_recipe=fp8_recipe,
+            options=options,
+            loss_fn=loss_fn,
+            measure_peak=False,  # a caller may be measuring the peak of the whole run
         )
         group = []
         losses.append(result.loss)

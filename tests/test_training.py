@@ -486,3 +486,16 @@ def test_te_step_paths_agree_and_caching_is_exact_under_current_scaling():
     assert _relative(grads[("fused", False)], base) < 0.02
     assert _relative(grads[("param", False)], base) < 0.02
     assert _relative(grads[("param", True)], grads[("param", False)]) < 5e-3
+
+
+@pytest.mark.gpu
+def test_train_leaves_the_peak_memory_counter_to_its_caller():
+    model = GPT(CFG, device="cuda")
+    torch.cuda.reset_peak_memory_stats()
+    big = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    del big
+    batches = [(x.cuda(), y.cuda()) for x, y in _batches(2)]
+    training.train(model, batches, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert torch.cuda.max_memory_allocated() >= 256 * 2**20
+    result = train_step(model, batches, None)
+    assert result.peak_memory_bytes < 256 * 2**20  # the step measures its own peak
