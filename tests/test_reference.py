@@ -257,15 +257,54 @@ def test_is_first_microbatch_caches_the_fp8_weight():
 
 
 def test_quantized_model_init_stores_fp8_values():
+    # delayed scaling: TE casts with the weight quantizer's fresh scale, 1.0
     with te.quantized_model_init(enabled=True, recipe=recipe.DelayedScaling()):
         linear = te.Linear(64, 32, params_dtype=torch.bfloat16)
     assert linear.weight._fp8lab_quantized
+    w = linear.weight.float()
+    on_grid = q.cast_to_fp8(w, 1.0, torch.float8_e4m3fn).float()
+    torch.testing.assert_close(on_grid, w, rtol=0, atol=0)
+    # current scaling: the weight's own amax
+    with te.quantized_model_init(enabled=True, recipe=recipe.Float8CurrentScaling()):
+        linear = te.Linear(64, 32, params_dtype=torch.bfloat16)
     w = linear.weight.float()
     scale = q.scale_from_amax(q.amax_of(w), 448.0)
     on_grid = q.cast_to_fp8(w, scale, torch.float8_e4m3fn).float() / scale
     torch.testing.assert_close(
         on_grid, w, rtol=2**-8, atol=0
     )  # FP8 values, stored after BF16 rounding
+
+
+def test_preserve_high_precision_init_val_keeps_the_values_before_the_cast():
+    torch.manual_seed(0)
+    plain = te.Linear(64, 32, params_dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    with te.quantized_model_init(
+        recipe=recipe.DelayedScaling(), preserve_high_precision_init_val=True
+    ):
+        linear = te.Linear(64, 32, params_dtype=torch.bfloat16)
+    kept = linear.weight.get_high_precision_init_val()
+    assert kept.device.type == "cpu" and torch.equal(kept, plain.weight.detach())
+    assert not torch.equal(kept, linear.weight.detach())  # the weight itself is FP8-rounded
+    linear.weight.clear_high_precision_init_val()
+    assert linear.weight.get_high_precision_init_val() is None
+
+
+def test_fused_wgrad_overwrites_main_grad_on_the_first_micro_batch():
+    """TE's wgrad GEMM writes main_grad with accumulate=False when is_first_microbatch=True."""
+    linear = te.Linear(64, 32, fuse_wgrad_accumulation=True, bias=False)
+    x, dy = torch.randn(16, 64), torch.randn(16, 32)
+    expected = dy.t() @ x
+    for enabled in (False, True):
+        for first in (True, None):
+            linear.weight.main_grad = torch.full((32, 64), 7.0)
+            with te.autocast(enabled=enabled, recipe=recipe.Float8CurrentScaling()):
+                out = linear(x, is_first_microbatch=first)
+            out.backward(dy)
+            offset = 0.0 if first else 7.0
+            tolerance = 0.1 if enabled else 1e-4
+            error = (linear.weight.main_grad - offset - expected).norm() / expected.norm()
+            assert error < tolerance, (enabled, first, error)
 
 
 def test_deprecated_aliases_warn_like_te():

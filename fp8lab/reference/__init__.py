@@ -18,6 +18,8 @@ reference                       Transformer Engine 2.20
 ``attention``                   ``pytorch/attention/dot_product_attention``,
                                 ``pytorch/attention/multi_head_attention.py``
 ``transformer``                 ``pytorch/transformer.py``
+``optimizers``                  ``pytorch/optimizers/fused_adam.py`` (a CPU stand-in for
+                                ``FusedAdam``, master weights and FP8 parameters included)
 ==============================  ===========================================================
 
 Parity with TE 2.20.2, measured on an H200 (``tests/test_reference_parity.py``, results in
@@ -52,7 +54,7 @@ with sliding windows), and other TE modules.
 
 import torch.utils.checkpoint as _torch_checkpoint
 
-from fp8lab.reference import recipe
+from fp8lab.reference import optimizers, recipe
 from fp8lab.reference.attention import DotProductAttention
 from fp8lab.reference.modules import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
 from fp8lab.reference.quantization import (
@@ -167,6 +169,7 @@ __all__ = [
     "is_fp8_available",
     "is_fp8_block_scaling_available",
     "is_mxfp8_available",
+    "optimizers",
     "quantize_mxfp8",
     "quantize_nvfp4",
     "quantized_model_init",

@@ -17,6 +17,7 @@ Arguments the reference does not model raise ``NotImplementedError`` naming them
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -88,24 +89,53 @@ def _init_weight(shape, dtype, device, init_method) -> nn.Parameter:
 
 
 def _quantize_weight_at_init(module: nn.Module, names: tuple[str, ...]) -> None:
-    """Under ``quantized_model_init``: replace weights by their FP8 values (current scaling of the
-    recipe)."""
+    """Under ``quantized_model_init``: replace weights by their FP8 values, decoded.
+
+    As in TE, the cast uses the weight quantizer of the recipe: delayed scaling casts with the
+    quantizer's fresh scale, 1.0 (TE's ``DelayedScalingRecipeState`` starts from ones), the other
+    recipes with the weight's own amax. Each weight remembers its module, so that an optimizer with
+    master weights can write FP8 values back (:func:`requantize_fp8_weight`).
+    """
     recipe = q.STATE.model_init_recipe
     if recipe is None:
         return
     for name in names:
         weight = getattr(module, name)
+        if q.STATE.model_init_preserve:
+            q.attach_high_precision_init_val(weight)
         with torch.no_grad():
-            fresh = (
-                recipes.Float8CurrentScaling(fp8_format=recipe.fp8_format)
-                if recipe.delayed()
-                else recipe
-            )
-            decoded = q.quantize_operand(
-                weight.detach().reshape(weight.shape[0], -1), "weight", fresh, None
-            )
-            weight.copy_(decoded.reshape(weight.shape).to(weight.dtype))
+            weight.copy_(_quantize_weight(weight.detach(), recipe, 1.0).to(weight.dtype))
         weight._fp8lab_quantized = True
+        weight._fp8lab_recipe, weight._fp8lab_slot = recipe, name
+        weight._fp8lab_module = weakref.ref(module)
+
+
+def _quantize_weight(values: torch.Tensor, recipe: recipes.Recipe, scale) -> torch.Tensor:
+    """Decoded FP8 values of a weight: per-tensor ``scale`` under delayed scaling, else the
+    recipe's own scales."""
+    w2d = values.reshape(values.shape[0], -1)
+    if recipe.delayed():
+        dtype = q.fp8_dtype(recipe.fp8_format, backward=False)
+        decoded = q.quantize_per_tensor(w2d, torch.as_tensor(scale, dtype=torch.float32), dtype)
+        return decoded.dequantize().reshape(values.shape)
+    return q.quantize_operand(w2d, "weight", recipe, None).reshape(values.shape)
+
+
+def requantize_fp8_weight(weight: nn.Parameter, values: torch.Tensor) -> None:
+    """Write ``values`` (FP32 master weights) into a weight built under ``quantized_model_init``,
+    as TE's optimizers do: delayed scaling casts with the module's current weight scale (TE's
+    fused FP8 Adam kernel), the other recipes quantize the values with their own amax
+    (``QuantizedTensor.quantize_``)."""
+    recipe = weight._fp8lab_recipe
+    scale = 1.0
+    module = weight._fp8lab_module()
+    if recipe.delayed() and module is not None:
+        # TransformerLayer's LayerNormMLP keeps one meta per GEMM; the others use the module's own
+        meta = module.fp8_meta.get(weight._fp8lab_slot, module.fp8_meta)
+        if isinstance(meta.get("recipe"), recipes.DelayedScaling):
+            scale = meta["scaling_fwd"].scale[1].clone()
+    with torch.no_grad():
+        weight.copy_(_quantize_weight(values.float(), recipe, scale).to(weight.dtype))
 
 
 def make_fp8_meta(recipe: recipes.Recipe | None) -> dict:
@@ -166,8 +196,10 @@ class _FP8Gemm(torch.autograd.Function):
         grad_x = (gq @ wq).to(ctx.x_dtype)
         wgrad = gq_t.t() @ xq_t
         grad_bias = grad2d.float().sum(0).to(weight.dtype) if ctx.has_bias else None
-        if ctx.fuse_wgrad:
-            weight.main_grad.add_(wgrad)
+        if ctx.fuse_wgrad:  # TE: the first micro-batch's wgrad GEMM overwrites main_grad
+            (weight.main_grad.copy_ if ctx.fuse_wgrad == "overwrite" else weight.main_grad.add_)(
+                wgrad
+            )
             grad_weight = None
         else:
             grad_weight = wgrad.to(weight.dtype)
@@ -181,16 +213,17 @@ class _MainGradAccumulate(torch.autograd.Function):
     (fuse_wgrad_accumulation)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias):
+    def forward(ctx, x, weight, bias, mode):
         ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
+        ctx.has_bias, ctx.mode = bias is not None, mode
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
-        weight.main_grad.add_(grad_out.t().float() @ x.float())
-        return grad_out @ weight, None, grad_out.sum(0) if ctx.has_bias else None
+        wgrad = grad_out.t().float() @ x.float()
+        (weight.main_grad.copy_ if ctx.mode == "overwrite" else weight.main_grad.add_)(wgrad)
+        return grad_out @ weight, None, grad_out.sum(0) if ctx.has_bias else None, None
 
 
 class _GemmModule(nn.Module):
@@ -220,9 +253,13 @@ class _GemmModule(nn.Module):
                 f"fuse_wgrad_accumulation=True needs {name}.main_grad (an FP32 tensor of the "
                 "weight's shape) to be set before the backward"
             )
+        # with is_first_microbatch=True, TE's wgrad GEMM overwrites main_grad instead of adding
+        fuse = self.fuse_wgrad_accumulation and (
+            "overwrite" if is_first_microbatch else "accumulate"
+        )
         if not q.STATE.enabled:
             if self.fuse_wgrad_accumulation:
-                return _MainGradAccumulate.apply(x2d, weight, bias)
+                return _MainGradAccumulate.apply(x2d, weight, bias, fuse)
             return F.linear(x2d, weight, bias)
         recipe = q.STATE.recipe
         if (
@@ -249,7 +286,7 @@ class _GemmModule(nn.Module):
             recipe,
             meta,
             cached,
-            self.fuse_wgrad_accumulation,
+            fuse,
             bwd_metas is not None,
             bwd_metas,
             out_dtype or x2d.dtype,

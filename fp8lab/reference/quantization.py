@@ -27,6 +27,7 @@ delayed-scaling update) and the cast kernels of ``transformer_engine/common`` (`
 from __future__ import annotations
 
 import contextlib
+import types
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
@@ -225,6 +226,7 @@ class _State:
         self.forward_metas: list = []
         self.backward_metas: list = []
         self.model_init_recipe: recipes.Recipe | None = None
+        self.model_init_preserve = False  # preserve_high_precision_init_val
         self.checkpoint_phase: str | None = None  # None, "forward" or "recompute"
         self.amax_group = None  # the amax_reduction_group of the innermost autocast
         self.checkpoint_first_metas: list | None = None
@@ -355,19 +357,42 @@ def quantized_model_init(
 
     The reference stores each such weight as the decoded values of its FP8 copy (in the
     parameter dtype), marked ``weight._fp8lab_quantized``; TE stores the FP8 bytes themselves.
+    In-place writes into such a weight (``copy_``, ``normal_``, ``load_state_dict``) store the
+    values as given, where TE quantizes them; the next forward quantizes them as TE's stored
+    copy was, so the GEMMs see the same FP8 values. With
+    ``preserve_high_precision_init_val=True`` each weight keeps its values before the cast on
+    the CPU, as TE does: ``weight.get_high_precision_init_val()``, then
+    ``weight.clear_high_precision_init_val()`` once master weights are set from them.
     """
-    if preserve_high_precision_init_val:
-        raise NotImplementedError(
-            "preserve_high_precision_init_val is not modelled by the CPU reference"
-        )
-    previous = STATE.model_init_recipe
+    previous = (STATE.model_init_recipe, STATE.model_init_preserve)
     if enabled:
         check_recipe_support(recipe)
     STATE.model_init_recipe = (recipe or get_default_recipe()) if enabled else None
+    STATE.model_init_preserve = bool(enabled and preserve_high_precision_init_val)
     try:
         yield
     finally:
-        STATE.model_init_recipe = previous
+        STATE.model_init_recipe, STATE.model_init_preserve = previous
+
+
+def _get_high_precision_init_val(parameter: torch.Tensor) -> torch.Tensor | None:
+    return getattr(parameter, "_high_precision_init_val", None)
+
+
+def _clear_high_precision_init_val(parameter: torch.Tensor) -> None:
+    if hasattr(parameter, "_high_precision_init_val"):
+        del parameter._high_precision_init_val
+
+
+def attach_high_precision_init_val(parameter: torch.Tensor) -> None:
+    """Keep a CPU copy of ``parameter`` before its FP8 cast, with TE's two accessor methods."""
+    parameter._high_precision_init_val = parameter.detach().cpu().clone()
+    parameter.get_high_precision_init_val = types.MethodType(
+        _get_high_precision_init_val, parameter
+    )
+    parameter.clear_high_precision_init_val = types.MethodType(
+        _clear_high_precision_init_val, parameter
+    )
 
 
 @contextlib.contextmanager
