@@ -131,8 +131,9 @@ def allowed_keys(
         right = 0
     if attn_mask_type == "no_mask" and (left, right) == (-1, -1):
         return None
-    left = seq_kv if left == -1 else left
-    right = seq_q if right == -1 else right
+    unlimited = seq_q + seq_kv  # -1 means no limit: farther than any query-key distance here
+    left = unlimited if left == -1 else left
+    right = unlimited if right == -1 else right
     offset = seq_kv - seq_q if bottom_right else 0
     distance = torch.arange(seq_q, device=device)[:, None] - torch.arange(seq_kv, device=device)
     # TE: swa_left = i - j + offset - left <= 0 and swa_right = i - j + offset + right >= 0
