@@ -179,7 +179,13 @@ def illegible_figures(notebook: dict) -> list[str]:
     return found
 
 
-RULES = (long_lines, noisy_outputs, uncollapsed_presentation, widgets_with_output, illegible_figures)
+RULES = (
+    long_lines,
+    noisy_outputs,
+    uncollapsed_presentation,
+    widgets_with_output,
+    illegible_figures,
+)
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.__name__)
