@@ -6,10 +6,10 @@ Each rule is one function that returns what breaks it, so a failure names the ce
 * code lines are at most 88 characters;
 * no output is a stderr stream, and no output text holds a warning or a progress bar (fix the
   cause; progress bars go to the terminal through ``fp8lab.book.progress``);
-* presentation cells are collapsed: a cell that draws a figure (``plt.subplots``,
-  ``plt.figure``, ``plot_roofline``, ``DataFrame.plot``, or any image output), styles a table
-  (``.style.``) or calls ``glue(`` carries the ``hide-input`` tag -- so computation and
-  presentation live in separate cells, and the page shows the computation;
+* presentation cells are collapsed: a cell whose statements (imports aside) all draw
+  (``plt``/``fig``/``ax`` calls, ``DataFrame.plot``), style a table (``.style``), display or
+  call ``glue`` carries the ``hide-input`` tag, and so does any cell with an image output --
+  so that the page shows the computation, not the plumbing;
 * a cell that builds widgets (``ipywidgets``, ``interact(``) carries ``remove-output``: the
   static book shows a static figure of the same thing instead of dead sliders;
 * figures are legible at book width: at least 110 dpi, at most 8 inches wide (the text column is
@@ -22,6 +22,7 @@ cleared).
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import re
@@ -39,9 +40,6 @@ MIN_FONT_PT = 8
 
 WARNING = re.compile(r"\b\w*Warning\b|warnings\.warn|^[WE]\d{4} \d\d:\d\d", re.M)
 PROGRESS_BAR = re.compile(r"\d+%\|.*\||\d+(\.\d+)?(it/s|s/it)\]")
-DRAWS = re.compile(r"plt\.(subplots|figure|subplot)\(|plot_roofline\(|\.plot(\.\w+)?\(")
-STYLES = re.compile(r"\.style\.")
-GLUES = re.compile(r"\bglue\(")
 WIDGETS = re.compile(r"\bipywidgets\b|\binteract\(")
 FONT_SIZE = re.compile(r"(?:fontsize|labelsize|size)\s*=\s*(\d+(?:\.\d+)?)\b")
 
@@ -130,23 +128,61 @@ def _has_image(cell: dict) -> bool:
     )
 
 
+PRESENTERS = {"glue", "display", "plt", "fig", "ax", "axes", "axis", "twin", "left", "right"}
+STYLER_ATTRIBUTES = {"style", "plot", "set_caption", "hide", "background_gradient"}
+
+
+def _chain(node: ast.AST) -> tuple[str | None, set[str]]:
+    """The root name of a call/attribute chain and the attribute names along it."""
+    attributes = set()
+    while True:
+        if isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Attribute):
+            attributes.add(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Subscript):
+            node = node.value
+        else:
+            return (node.id if isinstance(node, ast.Name) else None), attributes
+
+
+def _presents(node: ast.AST) -> bool:
+    """A statement that only draws, styles, displays or glues."""
+    if isinstance(node, (ast.Expr, ast.Assign, ast.AnnAssign)) and node.value is not None:
+        value = node.value
+        if not isinstance(value, (ast.Call, ast.Attribute, ast.Subscript)):
+            return False
+        root, attributes = _chain(value)
+        return root in PRESENTERS or bool(attributes & STYLER_ATTRIBUTES)
+    if isinstance(node, (ast.For, ast.If, ast.With)):
+        body = [*node.body, *getattr(node, "orelse", [])]
+        return bool(body) and all(_presents(child) for child in body)
+    return False
+
+
+def presentation_only(source: str) -> bool:
+    """True for a cell whose statements, imports aside, all draw, style, display or glue."""
+    try:
+        statements = [
+            node
+            for node in ast.parse(source).body
+            if not isinstance(node, (ast.Import, ast.ImportFrom))
+        ]
+    except SyntaxError:  # IPython syntax: not judged
+        return False
+    return bool(statements) and all(_presents(node) for node in statements)
+
+
 def uncollapsed_presentation(notebook: dict) -> list[str]:
     found = []
     for number, cell in _code_cells(notebook):
         if "hide-input" in _tags(cell):
             continue
-        source = _source(cell)
-        reasons = [
-            what
-            for what, hit in (
-                ("draws a figure", DRAWS.search(source) or _has_image(cell)),
-                ("styles a table", STYLES.search(source)),
-                ("calls glue", GLUES.search(source)),
-            )
-            if hit
-        ]
-        if reasons:
-            found.append(f"code cell {number} {' and '.join(reasons)} but is not hide-input")
+        if presentation_only(_source(cell)):
+            found.append(f"code cell {number} only draws, styles or glues but is not hide-input")
+        elif _has_image(cell):
+            found.append(f"code cell {number} draws a figure but is not hide-input")
     return found
 
 
@@ -232,10 +268,17 @@ def test_each_rule_catches_what_it_names():
         assert noisy_outputs(_notebook(_code("pass", outputs=[output]))), output
     assert noisy_outputs(_notebook(_code("pass", outputs=[clean]))) == []
 
-    for source in ("fig, ax = plt.subplots()", "table.style.format('{:.1f}')", "glue('x', '1')"):
+    presentation = (
+        "fig, ax = plt.subplots()\nax.plot([1, 2])\nplt.show()",
+        "import pandas as pd\ntable.style.format('{:.1f}')",
+        "glue('x', '1')\nfor k in keys:\n    glue(k, '2', display=False)",
+        "(table.rename(columns=str).style.format('{:.1f}').set_caption('c'))",
+    )
+    for source in presentation:
         assert uncollapsed_presentation(_notebook(_code(source))), source
         assert not uncollapsed_presentation(_notebook(_code(source, tags=["hide-input"])))
-    assert not uncollapsed_presentation(_notebook(_code("fp8lab.book.plot_style()")))
+    for source in ("fp8lab.book.plot_style()", "x = run()\nglue('x', str(x))", "import torch"):
+        assert not uncollapsed_presentation(_notebook(_code(source))), source
     image = {"output_type": "display_data", "data": {"image/png": _png(800, 400, 120)}}
     assert uncollapsed_presentation(_notebook(_code("show(x)", outputs=[image])))
 
