@@ -29,6 +29,8 @@ def capture_step(
     """Run ``forward_and_loss()`` and its backward; return the captured tensors.
 
     ``max_elements`` keeps a random subsample of larger tensors (histograms do not need all).
+    The subsample always holds the tensor's largest magnitude, so its amax -- what a per-tensor
+    FP8 scale is computed from -- is the whole tensor's.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
@@ -44,7 +46,11 @@ def capture_step(
     def keep(name: str, tensor: torch.Tensor) -> None:
         flat = tensor.detach().float().flatten().cpu()
         if flat.numel() > max_elements:
-            flat = flat[torch.randperm(flat.numel(), generator=generator)[:max_elements]]
+            keep_at = torch.randperm(flat.numel(), generator=generator)[:max_elements]
+            largest = flat.abs().argmax()
+            if not (keep_at == largest).any():
+                keep_at[0] = largest  # the amax survives the subsample
+            flat = flat[keep_at]
         captured[name] = flat
 
     handles = []

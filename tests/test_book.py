@@ -39,3 +39,15 @@ def test_number_formats():
         book.fmt("1")
     with pytest.raises(ValueError, match="digits=-1"):
         book.fmt(1.0, -1)
+
+
+def test_progress_is_silent_inside_a_jupyter_kernel(monkeypatch):
+    """A kernel forwards even the process's own stderr into the notebook: no bar there."""
+    import types
+
+    monkeypatch.delenv("FP8LAB_PROGRESS", raising=False)
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    assert book.progress(range(3)).disable is True
+    monkeypatch.delitem(sys.modules, "ipykernel")
+    assert book.progress(range(3)).disable is False
+    assert list(book.progress(range(3))) == [0, 1, 2]

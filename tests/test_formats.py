@@ -100,3 +100,17 @@ def test_capture_step_records_every_kind():
     assert set(by_kind(captured)) == {"activation", "weight", "output gradient", "weight gradient"}
     with pytest.raises(ValueError, match="no modules of types"):
         capture_step(torch.nn.ReLU(), lambda: x.sum(), module_types=(torch.nn.Conv1d,))
+
+
+def test_capture_subsample_keeps_each_tensors_amax():
+    """A per-tensor scale comes from the amax: the subsample must not lose it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+    with torch.no_grad():
+        model[0].weight[17, 3] = 9.0  # one outlier among 4096 weights
+    x = torch.randn(32, 64)
+    captured = capture_step(model, lambda: model(x).pow(2).sum(), max_elements=100)
+    assert captured["0.weight"].numel() == 100
+    assert captured["0.weight"].abs().max().item() == 9.0
+    activation = model[0](x).detach()  # the second layer's input
+    assert captured["1.activation"].abs().max().item() == activation.abs().max().item()
