@@ -103,15 +103,23 @@ class StepOptions:
     ``bf16_autocast``: ``torch.autocast`` to BF16 around the forward; ``None`` means on a GPU only.
     ``max_grad_norm``: clip the gradients the optimizer reads to this global L2 norm (``None``: no
     clipping; the norm is then not computed either).
+    ``refresh_fp8_weights``: after the optimizer step, mark the cached transposes of FP8 weights
+    (``te.quantized_model_init``) stale, so that TE rebuilds them from the new data before the
+    backward's data-gradient GEMM reads them. TE 2.20's ``FusedAdam`` writes the FP8 data of
+    delayed-scaling weights in place and leaves their transpose as it was (measured on an H200
+    in chapter 06); without this, every backward uses the weights of the first step. Parameters
+    that are not FP8 tensors are untouched.
     """
 
     cache_fp8_weights: bool = False
     grad_accumulation: str = "param"
     bf16_autocast: bool | None = None
     max_grad_norm: float | None = None
+    refresh_fp8_weights: bool = True
 
     def __post_init__(self):
         checks.flag("cache_fp8_weights", self.cache_fp8_weights)
+        checks.flag("refresh_fp8_weights", self.refresh_fp8_weights)
         checks.choice("grad_accumulation", self.grad_accumulation, GRAD_ACCUMULATION)
         if self.bf16_autocast is not None:
             checks.flag("bf16_autocast", self.bf16_autocast)
@@ -440,6 +448,11 @@ def train_step(
         clock.append(time.perf_counter())
     if optimizer is not None:
         optimizer.step()
+        if options.refresh_fp8_weights:
+            for p in params:
+                reset = getattr(p, "_reset_caches", None)  # TE's Float8Tensor: transpose now stale
+                if callable(reset):
+                    reset()
     if cuda:
         events[2].record()
         events[2].synchronize()

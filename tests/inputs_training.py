@@ -39,9 +39,13 @@ def _optimizer(model):
     )
 
 
-def _options(cache, mode, bf16, max_norm):
+def _options(cache, mode, bf16, max_norm, refresh=True):
     return training.StepOptions(
-        cache_fp8_weights=cache, grad_accumulation=mode, bf16_autocast=bf16, max_grad_norm=max_norm
+        cache_fp8_weights=cache,
+        grad_accumulation=mode,
+        bf16_autocast=bf16,
+        max_grad_norm=max_norm,
+        refresh_fp8_weights=refresh,
     )
 
 
@@ -91,8 +95,11 @@ ENTRIES = {
     "training.GRAD_ACCUMULATION": Entry(lambda: len(training.GRAD_ACCUMULATION), {}, examples=1),
     "training.CACHE_WORKSPACES": Entry(lambda: len(training.CACHE_WORKSPACES), {}, examples=1),
     "training.StepOptions": Entry(
-        lambda cache, mode, bf16, max_norm: _options(cache, mode, bf16, max_norm).max_grad_norm,
+        lambda cache, mode, bf16, max_norm, refresh: (
+            _options(cache, mode, bf16, max_norm, refresh).max_grad_norm
+        ),
         {
+            "refresh": maybe(st.booleans()),
             "cache": maybe(st.booleans()),
             "mode": maybe(st.sampled_from(training.GRAD_ACCUMULATION)),
             "bf16": maybe(st.sampled_from([None, True, False])),
@@ -103,6 +110,7 @@ ENTRIES = {
             "mode": ["grad_accumulation"],
             "bf16": ["bf16_autocast"],
             "max_norm": ["max_grad_norm"],
+            "refresh": ["refresh_fp8_weights"],
         },
     ),
     "training.StepResult": Entry(
