@@ -449,7 +449,7 @@ class Bench:
         del twin, masters
         return model, optimizer, model
 
-    def _release(self) -> None:
+    def release(self) -> None:
         """Free the last run's memory and TE's global FP8 state, so runs do not see each other."""
         if self._compiled:
             torch._dynamo.reset()
@@ -460,6 +460,28 @@ class Bench:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    def step_function(self, model: str, setting: str, seed: int = 0) -> Callable[[], object]:
+        """A callable that trains ``model`` in ``setting`` for one more step (at the peak learning
+        rate), for a profiler; call :meth:`release` when done with it."""
+        checks.choice("model", model, MODELS)
+        chosen = SETTINGS[checks.choice("setting", setting, SETTINGS)]
+        if chosen.gpu_only and not self.on_gpu:
+            raise ValueError(f"setting={setting!r}: needs a GPU with TE ({chosen.gpu_only})")
+        plan = self.plan(model)
+        fp8_recipe = self._fp8_recipe(chosen, chosen.fp8_attention)
+        _, optimizer, trained = self._build(model, chosen, fp8_recipe, chosen.fp8_weights)
+        fp8 = {"te": self.te, "fp8_recipe": fp8_recipe} if fp8_recipe is not None else {}
+        batches = iter(
+            text.PackedLoader(
+                self.train_tokens, plan.batch, plan.seq, seed=seed, device=self.device
+            )
+        )
+
+        def step():
+            return training.train(trained, [next(batches)], optimizer, **fp8)
+
+        return step
 
     # running ----------------------------------------------------------------------------------
 
@@ -510,10 +532,10 @@ class Bench:
                 record["notes"].append(
                     f"FP8 attention={fp8_attention}, FP8 weights={fp8_weights}: {failure}"
                 )
-                self._release()
+                self.release()
         else:
             record["error"] = "could not take a first step: " + " | ".join(record["notes"])
-        self._release()
+        self.release()
         record["wall_s"] = round(time.perf_counter() - begin, 1)
         record["stamp"] = self._stamp(record)
         return record
