@@ -147,8 +147,8 @@ class Plan:
 
 
 PLANS = {
-    ("small", "full"): Plan(16, 1024, 400, 6e-4, 40, eval_every=20, timing_warmup=10),
-    ("large", "full"): Plan(8, 2048, 100, 3e-4, 10, eval_every=20, timing_warmup=10),
+    ("small", "full"): Plan(16, 1024, 300, 6e-4, 30, eval_every=20, timing_warmup=10),
+    ("large", "full"): Plan(8, 2048, 60, 3e-4, 6, eval_every=20, timing_warmup=10),
     ("small", "smoke"): Plan(8, 64, 30, 3e-3, 3, eval_every=10, timing_warmup=3, eval_batches=4),
     ("large", "smoke"): Plan(8, 64, 30, 3e-3, 3, eval_every=10, timing_warmup=3, eval_batches=4),
 }
