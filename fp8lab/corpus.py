@@ -15,7 +15,7 @@ with another made on the same hash.
 byte alphabet and pre-tokenizer) on the training files only, with a vocabulary that is a
 multiple of 128 (tile- and FP8-friendly for the LM head, see :func:`fp8lab.config.pad_vocab`),
 and caches it on disk under :func:`cache_dir`, keyed by the corpus hash and the vocabulary
-size: training takes seconds, loading milliseconds. :func:`encode` turns one split into a
+size: training takes seconds, loading milliseconds. :func:`token_stream` turns one split into a
 token stream, each file followed by an end-of-text token.
 
 :class:`PackedLoader` packs a token stream into fixed-length sequences (consecutive windows of
@@ -50,8 +50,8 @@ __all__ = [
     "Corpus",
     "PackedLoader",
     "cache_dir",
-    "encode",
     "stdlib_corpus",
+    "token_stream",
     "tokenizer_sha256",
     "train_tokenizer",
 ]
@@ -293,7 +293,7 @@ def tokenizer_sha256(tokenizer) -> str:
     return hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
 
 
-def encode(corpus: Corpus, tokenizer, split: str) -> np.ndarray:
+def token_stream(corpus: Corpus, tokenizer, split: str) -> np.ndarray:
     """The token stream of one split: each file's ids, then the end-of-text id, in path order
     (``uint16`` where the vocabulary fits, else ``int32``)."""
     _require_corpus(corpus)

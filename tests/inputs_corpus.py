@@ -65,8 +65,8 @@ ENTRIES = {
         },
         examples=8,
     ),
-    "corpus.encode": Entry(
-        lambda corpus, tokenizer, split: text.encode(corpus, tokenizer, split).size,
+    "corpus.token_stream": Entry(
+        lambda corpus, tokenizer, split: text.token_stream(corpus, tokenizer, split).size,
         {
             "corpus": maybe(st.just(TINY)),
             "tokenizer": maybe(st.just(TOKENIZER)),

@@ -125,14 +125,14 @@ def test_the_tokenizer_is_deterministic_and_cached(small_corpus, tmp_path):
     )
 
 
-def test_encode_marks_the_end_of_every_file(small_corpus):
+def test_the_token_stream_marks_the_end_of_every_file(small_corpus):
     tokenizer = text.train_tokenizer(small_corpus, 512, cache=False)
-    stream = text.encode(small_corpus, tokenizer, "validation")
+    stream = text.token_stream(small_corpus, tokenizer, "validation")
     end = tokenizer.token_to_id(text.END_OF_TEXT)
     assert stream.dtype == np.uint16 and stream[-1] == end
     assert int((stream == end).sum()) == len(small_corpus.validation_files)
     with pytest.raises(ValueError, match="split"):
-        text.encode(small_corpus, tokenizer, "test")
+        text.token_stream(small_corpus, tokenizer, "test")
 
 
 def test_the_loader_packs_shifted_windows():

@@ -332,8 +332,8 @@ class Bench:
         self.corpus = corpus or text.stdlib_corpus(max_bytes=spec.max_bytes)
         self.tokenizer = tokenizer or text.train_tokenizer(self.corpus, spec.vocab_size)
         self.vocab_size = pad_vocab(self.tokenizer.get_vocab_size(), text.VOCAB_MULTIPLE)
-        self.train_tokens = text.encode(self.corpus, self.tokenizer, "train")
-        self.validation_tokens = text.encode(self.corpus, self.tokenizer, "validation")
+        self.train_tokens = text.token_stream(self.corpus, self.tokenizer, "train")
+        self.validation_tokens = text.token_stream(self.corpus, self.tokenizer, "validation")
         self._references: dict[str, GPT] = {}
         self._validation: dict[str, list] = {}
         self._compiled = False
