@@ -139,6 +139,48 @@ def test_the_fastest_setting_falls_back_variant_by_variant(bench, monkeypatch):
     assert record["what_ran"]["fp8_attention"] is True and record["steps_run"] == 3
 
 
+class _MasterAdam(torch.optim.AdamW):
+    """A CPU stand-in with the two methods of TE's FusedAdam(master_weights=True) that the FP8
+    weights setting calls: it keeps the master weights it is given."""
+
+    def __init__(self, params, master_weights=False, **kwargs):
+        super().__init__(params, **kwargs)
+        self.masters = {}
+
+    def initialize_state(self, parameter, store_param_remainders):
+        self.masters[parameter] = parameter.detach().float().clone()
+
+    def set_scaled_state(self, parameter, name, value):
+        assert name == "master_param" and value.dtype == torch.float32
+        self.masters[parameter] = value.clone()
+
+
+def test_fp8_weights_keep_the_exact_initial_weights_as_masters(bench, monkeypatch):
+    """FP8 weights are rounded copies; the optimizer's FP32 masters must be the shared initial
+    weights themselves, or the FP8-weights run would start from another point."""
+    from fp8lab.layers import canonical_state_dict
+
+    monkeypatch.setattr(
+        bench.te, "optimizers", type("T", (), {"FusedAdam": _MasterAdam}), raising=False
+    )
+    model, optimizer, _ = bench._build(
+        "small", e2e.SETTINGS["te-fastest"], bench.recipe.DelayedScaling(), True
+    )
+    reference = bench.reference("small")
+    fc1 = model.layers[0].layer.layernorm_mlp.fc1_weight
+    assert torch.equal(
+        optimizer.masters[fc1], canonical_state_dict(reference.layers[0])["fc1.weight"]
+    )
+    assert torch.equal(optimizer.masters[model.embed.weight], reference.embed.weight)
+    assert not torch.equal(fc1.float(), optimizer.masters[fc1])  # the parameter is rounded
+    assert len(optimizer.masters) == len(list(model.parameters()))
+    monkeypatch.setattr(bench, "on_gpu", True)
+    record = bench.run("small", "te-fastest", steps=4)  # FP8 attention refused here: falls back
+    assert record["error"] is None and len(record["notes"]) == 1
+    assert record["what_ran"]["fp8_weights"] and not record["what_ran"]["fp8_attention"]
+    assert all(math.isfinite(v) for v in record["train_loss"])
+
+
 def test_a_stamp_covers_this_script_and_the_library_it_imports(tmp_path, monkeypatch):
     modules = e2e.result_modules()
     assert {"tools.train_e2e", "fp8lab.corpus", "fp8lab.training", "fp8lab.models"} <= set(modules)
