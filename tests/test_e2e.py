@@ -109,15 +109,15 @@ def test_runs_start_from_the_same_weights_and_batches(bench):
 
 
 def test_gpu_settings_are_refused_on_the_cpu_with_the_reason(bench):
+    assert e2e.SETTINGS["te-fastest"].gpu_only is None  # it falls back instead
     with pytest.raises(ValueError, match="needs a GPU"):
         bench.run("small", "ao-rowwise", steps=2)
 
 
 def test_the_fastest_setting_falls_back_variant_by_variant(bench, monkeypatch):
     """A variant that cannot take its first step gives way to the next, and the record says
-    why. On the CPU reference FP8 attention raises and FP8 weights are refused here, so all
-    three fail; with FP8 attention made harmless the last variant trains."""
-    monkeypatch.setattr(bench, "on_gpu", True)
+    why. On the CPU reference FP8 attention raises and FP8 weights are refused in this test, so
+    all three fail; with FP8 attention made harmless the last variant trains."""
     build = bench._build
 
     def without_fp8_weights(model, setting, fp8_recipe, fp8_weights):
@@ -139,44 +139,27 @@ def test_the_fastest_setting_falls_back_variant_by_variant(bench, monkeypatch):
     assert record["what_ran"]["fp8_attention"] is True and record["steps_run"] == 3
 
 
-class _MasterAdam(torch.optim.AdamW):
-    """A CPU stand-in with the two methods of TE's FusedAdam(master_weights=True) that the FP8
-    weights setting calls: it keeps the master weights it is given."""
-
-    def __init__(self, params, master_weights=False, **kwargs):
-        super().__init__(params, **kwargs)
-        self.masters = {}
-
-    def initialize_state(self, parameter, store_param_remainders):
-        self.masters[parameter] = parameter.detach().float().clone()
-
-    def set_scaled_state(self, parameter, name, value):
-        assert name == "master_param" and value.dtype == torch.float32
-        self.masters[parameter] = value.clone()
-
-
-def test_fp8_weights_keep_the_exact_initial_weights_as_masters(bench, monkeypatch):
+def test_fp8_weights_keep_the_exact_initial_weights_as_masters(bench):
     """FP8 weights are rounded copies; the optimizer's FP32 masters must be the shared initial
-    weights themselves, or the FP8-weights run would start from another point."""
+    weights themselves, or the FP8-weights run would start from another point. (On the CPU
+    reference: its FusedAdam stand-in and FP8 weights as decoded values.)"""
     from fp8lab.layers import canonical_state_dict
 
-    monkeypatch.setattr(
-        bench.te, "optimizers", type("T", (), {"FusedAdam": _MasterAdam}), raising=False
-    )
     model, optimizer, _ = bench._build(
         "small", e2e.SETTINGS["te-fastest"], bench.recipe.DelayedScaling(), True
     )
     reference = bench.reference("small")
     fc1 = model.layers[0].layer.layernorm_mlp.fc1_weight
-    assert torch.equal(
-        optimizer.masters[fc1], canonical_state_dict(reference.layers[0])["fc1.weight"]
-    )
-    assert torch.equal(optimizer.masters[model.embed.weight], reference.embed.weight)
-    assert not torch.equal(fc1.float(), optimizer.masters[fc1])  # the parameter is rounded
-    assert len(optimizer.masters) == len(list(model.parameters()))
-    monkeypatch.setattr(bench, "on_gpu", True)
-    record = bench.run("small", "te-fastest", steps=4)  # FP8 attention refused here: falls back
+    master = optimizer.state[fc1]["master_param"]
+    assert torch.equal(master, canonical_state_dict(reference.layers[0])["fc1.weight"])
+    assert torch.equal(optimizer.state[model.embed.weight]["master_param"], reference.embed.weight)
+    assert not torch.equal(fc1.float(), master)  # the parameter itself is rounded
+
+
+def test_the_fastest_form_falls_back_past_fp8_attention_on_the_reference(bench):
+    record = bench.run("small", "te-fastest", steps=4)  # the reference refuses FP8 attention
     assert record["error"] is None and len(record["notes"]) == 1
+    assert "fp8_dpa" in record["notes"][0]
     assert record["what_ran"]["fp8_weights"] and not record["what_ran"]["fp8_attention"]
     assert all(math.isfinite(v) for v in record["train_loss"])
 

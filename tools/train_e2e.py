@@ -24,12 +24,13 @@ runs single settings; ``--steps N`` stops early (such a file is not stamped: onl
 results). A command skips the runs that would not finish inside ``--budget-s`` and prints the
 command that runs them.
 
-The training step is :func:`fp8lab.training.train` (called once per evaluation interval, with
-``on_step`` advancing the learning-rate schedule and taking the step's wall time); the FP8
-weights setting uses Transformer Engine's ``FusedAdam(master_weights=True)`` with its FP32
-master weights seeded from the shared initial weights. Everything else around the step (the
-schedule, the optimizer, the clocks, the validation) lives in :meth:`Bench.run`, so a different
-training step is a change of one call.
+The training step is :func:`fp8lab.training.train` (its :func:`~fp8lab.training.train_step`
+with gradient clipping, called once per evaluation interval, with ``on_step`` advancing the
+learning-rate schedule and taking the step's wall time); the FP8 weights setting uses
+Transformer Engine's ``FusedAdam(master_weights=True)`` with its FP32 master weights seeded from
+the shared initial weights (:func:`fp8lab.training.seed_master_weights`). Everything else
+around the step (the schedule, the optimizer, the clocks, the validation) lives in
+:meth:`Bench.run`.
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ class Plan:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.1  # on matrices and embeddings; not on norms and biases
+    max_grad_norm: float = 1.0  # gradients clipped to this global L2 norm
     init_seed: int = 1234
 
     @property
@@ -173,9 +175,8 @@ class Setting:
 
     @property
     def gpu_only(self) -> str | None:
-        """Why this setting needs a GPU with TE (None if it runs on the CPU reference)."""
-        if self.fp8_attention or self.fp8_weights:
-            return "FP8 attention and FusedAdam exist only in Transformer Engine on a GPU"
+        """Why this setting needs a GPU with TE (None if it runs on the CPU reference, where FP8
+        attention is refused and ``te-fastest`` falls back to FP8 weights alone)."""
         if self.torchao:
             return "torchao's float8 training needs a CUDA GPU"
         if self.compile:
@@ -440,13 +441,8 @@ class Bench:
             eps=plan.eps,
             master_weights=True,
         )
-        masters = dict(twin.named_parameters())
-        for name, parameter in model.named_parameters():
-            optimizer.initialize_state(parameter, store_param_remainders=False)
-            optimizer.set_scaled_state(
-                parameter, "master_param", masters[name].detach().float().contiguous()
-            )
-        del twin, masters
+        training.seed_master_weights(optimizer, model, source=twin)
+        del twin
         return model, optimizer, model
 
     def release(self) -> None:
@@ -478,8 +474,10 @@ class Bench:
             )
         )
 
+        options = training.StepOptions(max_grad_norm=plan.max_grad_norm)
+
         def step():
-            return training.train(trained, [next(batches)], optimizer, **fp8)
+            return training.train(trained, [next(batches)], optimizer, options=options, **fp8)
 
         return step
 
@@ -571,6 +569,7 @@ class Bench:
         )
         validation = self.validation_batches(model_name)
         fp8 = {"te": self.te, "fp8_recipe": fp8_recipe} if fp8_recipe is not None else {}
+        options = training.StepOptions(max_grad_norm=plan.max_grad_norm)
         seconds: list[float] = []
         clock = [0.0]
 
@@ -595,6 +594,7 @@ class Bench:
                     loader.batches(stop - done, start=done),
                     optimizer,
                     on_step=on_step,
+                    options=options,
                     **fp8,
                 )
             except Exception as failure:
