@@ -173,6 +173,20 @@ def test_a_stamp_covers_this_script_and_the_library_it_imports(tmp_path, monkeyp
     assert any("changed since" in p for p in lane.record_problems(stamp, "r.json"))
 
 
+def test_whole_plan_runs_on_a_gpu_are_stamped_failures_included(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(lane, "where_it_runs", lambda: dict(FAKE_MACHINE))
+    gpu = SimpleNamespace(on_gpu=True, preset="full")
+    whole = {"steps_requested": 300, "steps_planned": 300, "error": None, "wall_s": 9.0}
+    diverged = dict(whole, error="non-finite loss by step 40: stopped")
+    assert lane.record_problems(e2e.Bench._stamp(gpu, whole), "r.json") == []
+    assert e2e.Bench._stamp(gpu, diverged) is not None  # a diverged run is a result too
+    assert e2e.Bench._stamp(gpu, dict(whole, steps_requested=60)) is None  # cut short
+    cpu = SimpleNamespace(on_gpu=False, preset="full")
+    assert e2e.Bench._stamp(cpu, whole) is None
+
+
 def test_evaluate_is_the_mean_token_loss():
     model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8))
     batches = [(torch.randint(0, 8, (2, 5)), torch.randint(0, 8, (2, 5))) for _ in range(3)]

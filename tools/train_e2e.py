@@ -506,6 +506,7 @@ class Bench:
             "parameters": flops.parameter_count(cfg),
             "plan": asdict(plan),
             "steps_planned": plan.steps,
+            "steps_requested": steps,
             "corpus": self.corpus.describe(),
             "tokenizer": {
                 "vocab_size": self.tokenizer.get_vocab_size(),
@@ -540,8 +541,10 @@ class Bench:
         return record
 
     def _stamp(self, record: dict) -> dict | None:
-        complete = record.get("steps_run") == record["steps_planned"] and not record["error"]
-        if not (self.on_gpu and self.preset == "full" and complete):
+        """A stamp for a run of the whole plan on a GPU with TE (one that failed or diverged on
+        the way included: that is a result too); none for a run cut short with ``steps``."""
+        whole_plan = record["steps_requested"] == record["steps_planned"]
+        if not (self.on_gpu and self.preset == "full" and whole_plan):
             return None
         from tools import lane
 
