@@ -447,8 +447,12 @@ class Bench:
         return model, optimizer, model
 
     def release(self) -> None:
-        """Free the last run's memory and TE's global FP8 state, so runs do not see each other."""
-        if self._compiled:
+        """Free the last run's memory and TE's global FP8 state, so runs do not see each other.
+
+        ``torch._dynamo.reset()`` drops compiled graphs: the compiled settings' models, and the
+        variants of TE's own ``torch.compile``'d helpers (its fused bias-dropout-add recompiles
+        for each shape and dtype and stops at dynamo's recompile limit, chapter 03)."""
+        if self._compiled or self.device.type == "cuda":
             torch._dynamo.reset()
             self._compiled = False
         manager = getattr(getattr(self.te, "quantization", None), "FP8GlobalStateManager", None)
