@@ -17,6 +17,8 @@ presets;
 * :mod:`fp8lab.formats` -- FP8 bit layouts, rounding, range and scales (chapter 01)
 * :mod:`fp8lab.data`, :mod:`fp8lab.capture` -- a learnable synthetic task; tensors of a training
 step
+* :mod:`fp8lab.corpus` -- real text without a download (the standard library's source), a BPE
+  tokenizer, packed batches (chapter 09)
 * :mod:`fp8lab.distributed`, :mod:`fp8lab.parallel_worker`, :mod:`fp8lab.collectives` -- runs on
   several GPUs (torchrun), the processes they start, and what communication costs (chapter 08)
 * :mod:`fp8lab.reference` -- a CPU reference of Transformer Engine's API and FP8 numerics
