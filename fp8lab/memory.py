@@ -613,8 +613,11 @@ class _Timeline:
     def set(self, part: str, nbytes: float) -> None:
         self.live[part] = nbytes
 
-    def point(self, phase: str, event: str, transient: float = 0.0) -> None:
-        """A moment of ``phase``: what is live, plus ``transient`` bytes that exist only now."""
+    def point(
+        self, phase: str, event: str, transient: float = 0.0, part: str = Part.TEMPORARIES
+    ) -> None:
+        """A moment of ``phase``: what is live, plus ``transient`` bytes of ``part`` that exist
+        only now."""
         total = sum(self.live.values()) + transient
         self.events.append((f"{phase}: {event}", total))
         self.phases[phase.split(", ")[-1]] = max(self.phases.get(phase.split(", ")[-1], 0), total)
@@ -622,7 +625,7 @@ class _Timeline:
             self.peak, self.peak_event = total, f"{phase}: {event}"
             self.at_peak = {k: v for k, v in self.live.items() if v > 0}
             if transient:
-                self.at_peak[Part.TEMPORARIES] = self.at_peak.get(Part.TEMPORARIES, 0) + transient
+                self.at_peak[part] = self.at_peak.get(part, 0.0) + transient
 
 
 @dataclass(frozen=True)
@@ -649,6 +652,7 @@ class _Plan:
     outer_params: dict  # embeddings, positions, final norm, head on this GPU (head: untied only)
     scaling_state: float
     copy_per_param: float  # FP8 or BF16 weight copies saved for the backward, per GEMM parameter
+    copies_kept: bool  # False under ZeRO-3/FSDP2: TE re-casts each layer's copy in its backward
     wgrad_cast_per_param: float  # BF16 weight gradient before its cast to FP32 parameters
     saved: dict  # one layer's saved tensors, by Saved name
     layer_input: float  # one layer's input (a checkpoint under full recompute)
@@ -726,8 +730,9 @@ def _layer_walk(plan: _Plan, tl: _Timeline, phase: str, grads_full: bool) -> Non
     copies_part = Part.FP8_WEIGHT_COPIES if plan.compute.startswith("fp8") else Part.AUTOCAST_COPIES
     full = plan.recompute == "full"
     for index in range(layers, 0, -1):
-        if full:  # the recomputed forward brings this layer's saved tensors and copies back
+        if full:  # the recomputed forward brings this layer's saved tensors back
             tl.add(Part.ACTIVATIONS, saved_layer)
+        if full or not plan.copies_kept:  # and its weight copies
             tl.add(copies_part, plan.copy_per_param * sum(gemm.values()))
         for module in ("mlp", "proj", "attention", "qkv"):
             new_grads = grad * sum(plan.layer_params[p] for p in MODULE_PARAMS[module])
@@ -765,15 +770,16 @@ def _micro_step(plan: _Plan, tl: _Timeline, step: int, micro: int) -> None:
         tl.point(fwd, f"layer {layers} (not saved)", one_layer)
     else:
         tl.add(Part.ACTIVATIONS, saved_layer * layers)
-        tl.add(copies_part, plan.copy_per_param * gemm_per_layer * layers)
+        if plan.copies_kept:
+            tl.add(copies_part, plan.copy_per_param * gemm_per_layer * layers)
     tl.add(Part.ACTIVATIONS, outer["head_inputs"])
     tl.add(copies_part, outer["head_copy"])
     tl.add(Part.LOGITS, outer["held_logits"])
-    tl.point(fwd, "loss (FP32 logits)", outer["loss_forward"])
+    tl.point(fwd, "loss (FP32 logits)", outer["loss_forward"], Part.LOGITS)
     tl.add(Part.LOGITS, outer["log_probs"])
     tl.point(fwd, "end")
     # backward: cross-entropy, the head, the final norm, then the layers
-    tl.point(bwd, "cross-entropy (two logit gradients)", outer["loss_backward"])
+    tl.point(bwd, "cross-entropy (two logit gradients)", outer["loss_backward"], Part.LOGITS)
     tl.add(Part.LOGITS, -outer["log_probs"])
     outer_grads = plan.grad_per_param * (plan.outer_params["head"] + plan.outer_params["norm"])
     head_grad = plan.grad_per_param * (
@@ -782,7 +788,7 @@ def _micro_step(plan: _Plan, tl: _Timeline, step: int, micro: int) -> None:
     if cfg.vocab_size is not None:
         if not grads_full:
             tl.add(Part.GRADIENTS, outer_grads + (head_grad if cfg.tied_embeddings else 0))
-        tl.point(bwd, "LM head", outer["head_backward"])
+        tl.point(bwd, "LM head", outer["head_backward"], Part.LOGITS)
         tl.add(copies_part, -outer["head_copy"])
         tl.add(Part.ACTIVATIONS, -outer["head_inputs"])
     tl.add(Part.TEMPORARIES, outer["incoming"])  # the gradient flowing into the layers
@@ -977,6 +983,7 @@ def estimate(
         outer_params=outer_params,
         scaling_state=scaling_state,
         copy_per_param=copy_per_param,
+        copies_kept=stage < 3,
         wgrad_cast_per_param=2.0 if layout_weights.param_bytes == 4 and compute != "fp32" else 0.0,
         saved=saved,
         layer_input=layer_input,
@@ -1037,7 +1044,9 @@ def _tree(plan: _Plan, batch: int, seq: int, per_param: dict, hopper: bool) -> M
     ):
         if size:
             state.add(part, size, f"{per_param[part]:g} B/param")
-    gemm = layers * sum(v for k, v in plan.layer_params.items() if "norm" not in k)
+    kept = layers if plan.copies_kept and plan.recompute != "full" else 1
+    gemm = kept * sum(v for k, v in plan.layer_params.items() if "norm" not in k)
+    copies_note = "" if kept == layers else ", one layer at a time"
     fp8 = plan.compute.startswith("fp8")
     if fp8:
         extras = tree.add(Part.FP8_EXTRAS)
@@ -1046,13 +1055,15 @@ def _tree(plan: _Plan, batch: int, seq: int, per_param: dict, hopper: bool) -> M
             extras.add(
                 Part.FP8_WEIGHT_COPIES,
                 plan.copy_per_param * gemm,
-                "data + transpose" if hopper else "data",
+                ("data + transpose" if hopper else "data") + copies_note,
             )
     outer = _outer(plan)
     if plan.weights.autocast:
         copies = tree.add(Part.AUTOCAST_COPIES)
         if not fp8:
-            copies.add("layers' GEMM weights", plan.copy_per_param * gemm, "2 B/param")
+            copies.add(
+                "layers' GEMM weights", plan.copy_per_param * gemm, "2 B/param" + copies_note
+            )
         if outer["head_copy"]:
             copies.add("LM head", outer["head_copy"], "cached by autocast")
     acts = tree.add(Part.ACTIVATIONS)

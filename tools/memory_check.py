@@ -378,6 +378,7 @@ def _describe(config: Config, predicted: memory.MemoryEstimate) -> dict:
         **asdict(config),
         "family": "gpt" if config.cfg.position_embedding == "learned" else "llama",
         "params_M": round(parameter_count(config.cfg) / 1e6, 1),
+        "config": json.dumps(asdict(config.cfg)),  # the model, for readers of the CSV alone
         "predicted_MiB": round(predicted.peak_mib, 1),
         "predicted_event": predicted.peak_event,
         **{f"predicted {phase}_MiB": round(v / MiB, 1) for phase, v in predicted.phases.items()},
