@@ -226,8 +226,8 @@ class Meter:
         cuda.reset_peak_memory_stats()
 
 
-def build(config: Config, te, recipe_module, device):
-    """The model and its optimizer, as the parameter layout says."""
+def build(config: Config, te, fp8, device):
+    """The model and its optimizer, as the parameter layout says (``fp8``: the FP8 recipe)."""
     import torch
 
     from fp8lab.models import GPT
@@ -235,7 +235,7 @@ def build(config: Config, te, recipe_module, device):
     weights = memory.WEIGHTS[config.weights]
     params_dtype = torch.float32 if weights.param_bytes == 4 else torch.bfloat16
     init = (
-        te.quantized_model_init(enabled=True, recipe=fp8_recipe(config, recipe_module))
+        te.quantized_model_init(enabled=True, recipe=fp8)
         if weights.fp8_params
         else contextlib.nullcontext()
     )
@@ -289,14 +289,13 @@ def forward(model, tokens, recompute: str, te):
     return model.head(model.final_norm(x)).transpose(0, 1)  # [S, B, V] -> [B, S, V]
 
 
-def micro_step(model, tokens, targets, config: Config, te, recipe_module, meter, step: int):
+def micro_step(model, tokens, targets, config: Config, te, fp8, meter, step: int):
     """Forward, loss and backward of one micro-batch; the logits live until backward returns."""
     import torch
 
     from fp8lab.training import lm_loss
 
     weights = memory.WEIGHTS[config.weights]
-    fp8 = fp8_recipe(config, recipe_module)
     amp = torch.autocast(tokens.device.type, dtype=torch.bfloat16, enabled=weights.autocast)
     with amp, te.autocast(enabled=fp8 is not None, recipe=fp8):
         logits = forward(model, tokens, config.recompute, te)
@@ -320,14 +319,15 @@ def measure(config: Config, te, recipe_module, device) -> dict:
         torch.cuda.empty_cache()
     tokens = random_tokens(config.cfg, config.batch, config.seq, seed=0, device=device)
     targets = random_tokens(config.cfg, config.batch, config.seq, seed=1, device=device)
+    fp8 = fp8_recipe(config, recipe_module)  # one recipe object for the whole run
     meter = Meter(torch, device)
     begin = time.perf_counter()
-    model, optimizer = build(config, te, recipe_module, device)
+    model, optimizer = build(config, te, fp8, device)
     meter.mark("build")
     after_build = meter.after["build"]
     for step in range(1, STEPS + 1):
         for _ in range(config.accumulation):
-            micro_step(model, tokens, targets, config, te, recipe_module, meter, step)
+            micro_step(model, tokens, targets, config, te, fp8, meter, step)
         optimizer.step()
         meter.mark(f"step {step} optimizer step")
         optimizer.zero_grad(set_to_none=True)
