@@ -488,11 +488,7 @@ def test_the_fits_helper_is_within_one_micro_batch():
     assert frame["within_one"].all(), frame
 
 
-@pytest.mark.parametrize("matrix", ["tune", "heldout", "fits"])
-def test_result_files_are_stamped_by_a_gpu_run_of_current_code(matrix):
-    csv = RESULTS / f"memory_{matrix}_h200.csv"
-    if not csv.exists():
-        pytest.skip(f"{csv.name} is not there yet (made on a GPU box by tools/memory_check.py)")
+def _check_stamp(csv: Path, matrix: str) -> None:
     stamp = stamp_path(csv)
     assert stamp.exists(), f"{stamp.name} is missing: re-run the script, which writes it"
     record = json.loads(stamp.read_text())
@@ -501,6 +497,34 @@ def test_result_files_are_stamped_by_a_gpu_run_of_current_code(matrix):
         f"{csv.name} was edited after its GPU run"
     )
     assert record["matrix"] == matrix
+
+
+def test_a_stamp_catches_an_edited_result_file(tmp_path):
+    from tools.memory_check import stamp
+
+    machine = {
+        "gpu_name": "NVIDIA H200",
+        "gpu_count": 1,
+        "compute_capability": "9.0",
+        "torch": "2.11.0",
+        "cuda": "13.0",
+        "transformer_engine": "2.20.2",
+    }
+    csv = tmp_path / "memory_tune_h200.csv"
+    csv.write_text("model,measured_MiB\ngpt-350m,1000.0\n")
+    stamp(csv, "tune", 1.0, machine)
+    _check_stamp(csv, "tune")
+    csv.write_text("model,measured_MiB\ngpt-350m,999.0\n")
+    with pytest.raises(AssertionError, match="edited after its GPU run"):
+        _check_stamp(csv, "tune")
+
+
+@pytest.mark.parametrize("matrix", ["tune", "heldout", "fits"])
+def test_result_files_are_stamped_by_a_gpu_run_of_current_code(matrix):
+    csv = RESULTS / f"memory_{matrix}_h200.csv"
+    if not csv.exists():
+        pytest.skip(f"{csv.name} is not there yet (made on a GPU box by tools/memory_check.py)")
+    _check_stamp(csv, matrix)
 
 
 def test_toy_configurations_keep_the_layout():

@@ -492,8 +492,9 @@ def warm_up(configs, te, recipe_module, device) -> None:
             print(f"warm-up {key}: {result.get('error')}", file=sys.stderr, flush=True)
 
 
-def stamp(csv: Path, matrix: str, seconds: float) -> Path:
-    """Write ``<csv>.stamp.json``: where and from which fp8lab code the measurements came."""
+def stamp(csv: Path, matrix: str, seconds: float, machine: dict | None = None) -> Path:
+    """Write ``<csv>.stamp.json``: where and from which fp8lab code the measurements came
+    (``machine``: :func:`tools.lane.where_it_runs` by default)."""
     from tools import lane
 
     notebook = {
@@ -501,6 +502,7 @@ def stamp(csv: Path, matrix: str, seconds: float) -> Path:
     }
     record = lane.stamp_record(
         lane.library_modules(notebook),
+        machine,
         matrix=matrix,
         command=f"python -m tools.memory_check --matrix {matrix} --csv {csv.as_posix()}",
         seconds=round(seconds, 1),
