@@ -636,7 +636,6 @@ class _Plan:
     weights: Weights
     compute: str
     optimizer: str
-    adamw_impl: str
     recompute: str
     include_optimizer: bool
     accumulation: int
@@ -660,7 +659,22 @@ class _Plan:
     state_init_transient: float
 
 
-def _outer(plan: _Plan) -> dict[str, float]:
+@dataclass(frozen=True)
+class _Outer:
+    """Bytes of the model around the layers, for one micro-batch (see :func:`_outer`)."""
+
+    head_inputs: float  # saved by the final norm and the LM head
+    held_logits: float  # the logits, held by the training loop until backward returns
+    log_probs: float  # saved by cross-entropy
+    loss_forward: float  # lm_loss's FP32 copies of the logits, a moment
+    loss_backward: float  # cross-entropy's two logit gradients, a moment
+    head_backward: float  # the logits' gradient on its way through the head, a moment
+    head_copy: float  # autocast's cached BF16 copy of the head's weight
+    embedding_forward: float  # embedding output (and the sum with positions), a moment
+    incoming: float  # the gradient flowing into the last layer
+
+
+def _outer(plan: _Plan) -> _Outer:
     """Bytes of the model around the layers (``fp8lab.models.GPT``), from PyTorch's semantics.
 
     * embedding output and, with learned positions, the sum: the transient of the forward's start;
@@ -676,17 +690,8 @@ def _outer(plan: _Plan) -> dict[str, float]:
     h, element, tp = cfg.hidden_size, plan.element, plan.tp
     tokens = plan.tokens / plan.rep  # sequence parallelism splits the [S, B, H] tensors
     if cfg.vocab_size is None:  # a bare stack of layers: its output, and the gradient handed in
-        return {
-            "head_inputs": 0.0,
-            "held_logits": plan.layer_input,
-            "log_probs": 0.0,
-            "loss_forward": 0.0,
-            "loss_backward": plan.layer_input,
-            "head_backward": 0.0,
-            "head_copy": 0.0,
-            "embedding_forward": 0.0,
-            "incoming": plan.layer_input,
-        }
+        stack = plan.layer_input
+        return _Outer(0.0, stack, 0.0, 0.0, stack, 0.0, 0.0, 0.0, stack)
     logits = plan.tokens * cfg.vocab_size / tp  # vocabulary-parallel under tensor parallelism
     logit_bytes = 4 if plan.compute == "fp32" else 2
     upcast = 4  # lm_loss computes cross-entropy in FP32
@@ -696,20 +701,20 @@ def _outer(plan: _Plan) -> dict[str, float]:
     stats = NORM_STATS_BYTES[cfg.normalization]
     head_weight = cfg.vocab_size * h / tp
     positions = 2 if cfg.position_embedding == "learned" else 1
-    return {
-        "head_inputs": tokens * ((norm_input + head_input) * h + stats),
-        "held_logits": logit_bytes * logits,
-        "log_probs": upcast * logits,
-        "loss_forward": (fp32_copy + upcast) * logits,  # the FP32 copy, then the flattened copy
-        "loss_backward": 2 * upcast * logits,
+    return _Outer(
+        head_inputs=tokens * ((norm_input + head_input) * h + stats),
+        held_logits=logit_bytes * logits,
+        log_probs=upcast * logits,
+        loss_forward=(fp32_copy + upcast) * logits,  # the FP32 copy, then the flattened copy
+        loss_backward=2 * upcast * logits,
         # after log-softmax's backward: the FP32 gradient beside its cast to the logits' dtype
         # (under autocast the head's BF16 weight gradient is cast to FP32 later: a moment)
-        "head_backward": (upcast + logit_bytes) * logits
+        head_backward=(upcast + logit_bytes) * logits
         + (2 * head_weight if weights.autocast else 0.0),
-        "head_copy": 2 * head_weight if weights.autocast else 0.0,
-        "embedding_forward": positions * weights.param_bytes * tokens * h,
-        "incoming": element * tokens * h,
-    }
+        head_copy=2 * head_weight if weights.autocast else 0.0,
+        embedding_forward=positions * weights.param_bytes * tokens * h,
+        incoming=element * tokens * h,
+    )
 
 
 def _layer_walk(plan: _Plan, tl: _Timeline, phase: str, grads_full: bool) -> None:
@@ -763,7 +768,7 @@ def _micro_step(plan: _Plan, tl: _Timeline, step: int, micro: int) -> None:
     gemm_per_layer = sum(v for k, v in plan.layer_params.items() if "norm" not in k)
     copies_part = Part.FP8_WEIGHT_COPIES if plan.compute.startswith("fp8") else Part.AUTOCAST_COPIES
     saved_layer = sum(plan.saved.values())
-    tl.point(fwd, "embeddings", outer["embedding_forward"])
+    tl.point(fwd, "embeddings", outer.embedding_forward)
     if plan.recompute == "full":  # te.checkpoint keeps each layer's input, runs it without saving
         tl.add(Part.ACTIVATIONS, plan.layer_input * layers)
         one_layer = saved_layer + plan.copy_per_param * gemm_per_layer
@@ -772,15 +777,15 @@ def _micro_step(plan: _Plan, tl: _Timeline, step: int, micro: int) -> None:
         tl.add(Part.ACTIVATIONS, saved_layer * layers)
         if plan.copies_kept:
             tl.add(copies_part, plan.copy_per_param * gemm_per_layer * layers)
-    tl.add(Part.ACTIVATIONS, outer["head_inputs"])
-    tl.add(copies_part, outer["head_copy"])
-    tl.add(Part.LOGITS, outer["held_logits"])
-    tl.point(fwd, "loss (FP32 logits)", outer["loss_forward"], Part.LOGITS)
-    tl.add(Part.LOGITS, outer["log_probs"])
+    tl.add(Part.ACTIVATIONS, outer.head_inputs)
+    tl.add(copies_part, outer.head_copy)
+    tl.add(Part.LOGITS, outer.held_logits)
+    tl.point(fwd, "loss (FP32 logits)", outer.loss_forward, Part.LOGITS)
+    tl.add(Part.LOGITS, outer.log_probs)
     tl.point(fwd, "end")
     # backward: cross-entropy, the head, the final norm, then the layers
-    tl.point(bwd, "cross-entropy (two logit gradients)", outer["loss_backward"], Part.LOGITS)
-    tl.add(Part.LOGITS, -outer["log_probs"])
+    tl.point(bwd, "cross-entropy (two logit gradients)", outer.loss_backward, Part.LOGITS)
+    tl.add(Part.LOGITS, -outer.log_probs)
     outer_grads = plan.grad_per_param * (plan.outer_params["head"] + plan.outer_params["norm"])
     head_grad = plan.grad_per_param * (
         plan.outer_params["embedding"] if cfg.tied_embeddings else plan.outer_params["head"]
@@ -788,10 +793,10 @@ def _micro_step(plan: _Plan, tl: _Timeline, step: int, micro: int) -> None:
     if cfg.vocab_size is not None:
         if not grads_full:
             tl.add(Part.GRADIENTS, outer_grads + (head_grad if cfg.tied_embeddings else 0))
-        tl.point(bwd, "LM head", outer["head_backward"], Part.LOGITS)
-        tl.add(copies_part, -outer["head_copy"])
-        tl.add(Part.ACTIVATIONS, -outer["head_inputs"])
-    tl.add(Part.TEMPORARIES, outer["incoming"])  # the gradient flowing into the layers
+        tl.point(bwd, "LM head", outer.head_backward, Part.LOGITS)
+        tl.add(copies_part, -outer.head_copy)
+        tl.add(Part.ACTIVATIONS, -outer.head_inputs)
+    tl.add(Part.TEMPORARIES, outer.incoming)  # the gradient flowing into the layers
     _layer_walk(plan, tl, bwd, grads_full)
     embedding = plan.grad_per_param * (
         plan.outer_params["embedding"] + plan.outer_params["positions"]
@@ -967,7 +972,6 @@ def estimate(
         weights=layout_weights,
         compute=compute,
         optimizer=optimizer_used,
-        adamw_impl=adamw_impl,
         recompute=recompute,
         include_optimizer=include_optimizer,
         accumulation=accumulation,
@@ -1064,8 +1068,8 @@ def _tree(plan: _Plan, batch: int, seq: int, per_param: dict, hopper: bool) -> M
             copies.add(
                 "layers' GEMM weights", plan.copy_per_param * gemm, "2 B/param" + copies_note
             )
-        if outer["head_copy"]:
-            copies.add("LM head", outer["head_copy"], "cached by autocast")
+        if outer.head_copy:
+            copies.add("LM head", outer.head_copy, "cached by autocast")
     acts = tree.add(Part.ACTIVATIONS)
     if plan.recompute == "full":
         acts.add(Part.CHECKPOINTS, plan.layer_input * layers, "one per layer")
@@ -1078,12 +1082,12 @@ def _tree(plan: _Plan, batch: int, seq: int, per_param: dict, hopper: bool) -> M
     if cfg.vocab_size is None:
         acts.add(Part.OUTPUT_AND_GRADIENT, 2 * plan.layer_input)
     else:
-        acts.add(Part.HEAD_INPUTS, outer["head_inputs"])
+        acts.add(Part.HEAD_INPUTS, outer.head_inputs)
         logits = tree.add(Part.LOGITS)
-        logits.add(Part.HELD_LOGITS, outer["held_logits"])
-        logits.add(Part.LOG_PROBS, outer["log_probs"], "FP32")
-        logits.add(Part.LOSS_COPIES, outer["loss_forward"], "a moment")
-        logits.add(Part.LOSS_GRADIENTS, outer["loss_backward"], "FP32, a moment")
+        logits.add(Part.HELD_LOGITS, outer.held_logits)
+        logits.add(Part.LOG_PROBS, outer.log_probs, "FP32")
+        logits.add(Part.LOSS_COPIES, outer.loss_forward, "a moment")
+        logits.add(Part.LOSS_GRADIENTS, outer.loss_backward, "FP32, a moment")
     temps = tree.add(Part.TEMPORARIES)
     if plan.optimizer_temporary:
         temps.add(Part.OPTIMIZER_TEMPORARIES, plan.optimizer_temporary)
