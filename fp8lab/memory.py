@@ -1,16 +1,15 @@
 """Memory of training a transformer: a tree of named parts, and the peak of a whole step.
 
-**The step modelled** is the book's (``fp8lab.models.GPT`` with ``te.TransformerLayer`` layers,
-``fp8lab.training.lm_loss``), as people write it::
+**The step modelled** is the book's, :func:`fp8lab.training.train_step` (``fp8lab.models.GPT``
+with ``te.TransformerLayer`` layers, ``fp8lab.training.lm_loss``), as people write it::
 
     for step in range(steps):
-        for micro_batch in range(accumulation):       # gradients persist across micro-batches
-            with torch.autocast(...), te.autocast(...):   # as the parameter layout asks
-                logits = model(tokens)                # held by the caller until backward returns
-            loss = lm_loss(logits, targets)           # FP32 upcast of the logits, cross-entropy
-            loss.backward()
+        zero the gradients (set them to None)
+        for tokens, targets in micro_batches:         # gradients add up over micro-batches
+            with torch.autocast(dtype=torch.bfloat16), te.autocast(recipe=...):
+                logits = model(tokens)                # kept until the next logits replace it
+            (lm_loss(logits, targets) / len(micro_batches)).backward()  # FP32 cross-entropy
         optimizer.step()                              # states are created on the first step
-        optimizer.zero_grad(set_to_none=True)
 
 It is simulated event by event (:attr:`MemoryEstimate.timeline`): embeddings, each layer's
 saved tensors and weight copies, final norm, LM head, logits and loss, then the backward
@@ -200,8 +199,9 @@ class Weights:
 
     Bytes are per parameter; ``state_bytes`` is per optimizer moment (AdamW keeps two, SGD one).
     ``fp8_params``: the layers' GEMM weights are FP8 (data, and on Hopper its transpose), the
-    other parameters stay in ``param_bytes``. ``autocast``: the forward runs under
-    ``torch.autocast(dtype=torch.bfloat16)``, which casts BF16 copies of the weights.
+    other parameters stay in ``param_bytes``. ``autocast``: FP32 parameters computed in BF16
+    under ``torch.autocast(dtype=torch.bfloat16)``, which (with TE) casts BF16 copies of the
+    weights for the forward and keeps them for the backward.
     ``optimizer``: ``"torch"`` (``torch.optim.AdamW``/``SGD``) or ``"te-fused"``
     (``transformer_engine.pytorch.optimizers.FusedAdam(master_weights=True)``).
     """
@@ -635,6 +635,7 @@ class _Plan:
     cfg: TransformerConfig
     weights: Weights
     compute: str
+    autocast: bool  # torch.autocast(dtype=torch.bfloat16) around the forward
     optimizer: str
     recompute: str
     include_optimizer: bool
@@ -678,8 +679,9 @@ def _outer(plan: _Plan) -> _Outer:
     """Bytes of the model around the layers (``fp8lab.models.GPT``), from PyTorch's semantics.
 
     * embedding output and, with learned positions, the sum: the transient of the forward's start;
-    * the final norm saves its input (an FP32 copy of it under autocast, whose LayerNorm runs in
-      FP32) and its statistics; the LM head saves its input (BF16 under autocast);
+    * the final norm saves its input (an FP32 copy of it under autocast, which runs LayerNorm
+      in FP32 on CUDA) and its statistics; the LM head saves its input (BF16 under autocast),
+      and with FP32 parameters autocast's cached BF16 copy of its weight;
     * the logits [S, B, V] stay alive while the caller holds them; ``lm_loss`` upcasts them to
       FP32 (``.float()``) and flattens B and S of the transposed view, which copies once more;
       ``log_softmax`` saves its output (FP32); its backward holds two dense logit gradients
@@ -696,8 +698,13 @@ def _outer(plan: _Plan) -> _Outer:
     logit_bytes = 4 if plan.compute == "fp32" else 2
     upcast = 4  # lm_loss computes cross-entropy in FP32
     fp32_copy = 0 if logit_bytes == upcast else upcast  # .float() of FP32 logits copies nothing
-    norm_input = 4 if weights.autocast else element  # autocast runs LayerNorm in FP32
-    head_input = 2 if weights.autocast else element
+    if cfg.normalization == "LayerNorm":  # on CUDA autocast's FP32 list: an FP32 copy is saved
+        norm_input = 4 if plan.autocast else element
+    else:  # rms_norm is on no autocast list: the fused kernel saves the input as it comes, the
+        # composite path (FP32 weights, BF16 input) an FP32 upcast and the BF16 normalized input
+        norm_input = 4 + 2 if plan.autocast and weights.param_bytes == 4 else element
+    head_input = 2 if plan.autocast else element
+    cast_head = plan.autocast and weights.param_bytes == 4  # FP32 weights: a BF16 copy
     stats = NORM_STATS_BYTES[cfg.normalization]
     head_weight = cfg.vocab_size * h / tp
     positions = 2 if cfg.position_embedding == "learned" else 1
@@ -709,9 +716,8 @@ def _outer(plan: _Plan) -> _Outer:
         loss_backward=2 * upcast * logits,
         # after log-softmax's backward: the FP32 gradient beside its cast to the logits' dtype
         # (under autocast the head's BF16 weight gradient is cast to FP32 later: a moment)
-        head_backward=(upcast + logit_bytes) * logits
-        + (2 * head_weight if weights.autocast else 0.0),
-        head_copy=2 * head_weight if weights.autocast else 0.0,
+        head_backward=(upcast + logit_bytes) * logits + (2 * head_weight if cast_head else 0.0),
+        head_copy=2 * head_weight if cast_head else 0.0,
         embedding_forward=positions * weights.param_bytes * tokens * h,
         incoming=element * tokens * h,
     )
@@ -779,7 +785,10 @@ def _micro_step(plan: _Plan, tl: _Timeline, step: int, micro: int) -> None:
             tl.add(copies_part, plan.copy_per_param * gemm_per_layer * layers)
     tl.add(Part.ACTIVATIONS, outer.head_inputs)
     tl.add(copies_part, outer.head_copy)
+    previous = tl.live.get(Part.LOGITS, 0.0)  # the last micro-batch's, until replaced
     tl.add(Part.LOGITS, outer.held_logits)
+    tl.point(fwd, "logits")
+    tl.add(Part.LOGITS, -previous)
     tl.point(fwd, "loss (FP32 logits)", outer.loss_forward, Part.LOGITS)
     tl.add(Part.LOGITS, outer.log_probs)
     tl.point(fwd, "end")
@@ -810,7 +819,7 @@ def _micro_step(plan: _Plan, tl: _Timeline, step: int, micro: int) -> None:
                 tl.add(Part.GRADIENTS, embedding - head_grad)
             tl.point(bwd, "embeddings (gradient accumulated)", embedding)
     tl.set(Part.TEMPORARIES, 0.0)
-    tl.set(Part.LOGITS, 0.0)
+    tl.set(Part.LOGITS, outer.held_logits)  # the step's loop still holds them
     tl.set(Part.ACTIVATIONS, 0.0)
     tl.set(copies_part, 0.0)
 
@@ -822,7 +831,6 @@ def _optimizer_step(plan: _Plan, tl: _Timeline, step: int) -> None:
         tl.set(Part.MASTER_WEIGHTS, plan.master)
         tl.point(phase, "states created", plan.state_init_transient)
     tl.point(phase, "update", plan.optimizer_temporary)
-    tl.set(Part.GRADIENTS, 0.0)  # zero_grad(set_to_none=True)
 
 
 def _optimizer_temporaries(
@@ -872,6 +880,7 @@ def estimate(
     recompute: str = "none",
     layout: Layout | None = None,
     accumulation: int = 1,
+    bf16_autocast: bool | None = None,
     fp32_grads: bool = False,
     hidden_dropout: float = 0.1,
     flash_attention: bool = True,
@@ -885,7 +894,9 @@ def estimate(
     parameter layout (a key of :data:`WEIGHTS`; by default BF16 parameters with FP32 master
     weights, or FP8 ones for ``"fp8-weights"``, see :func:`resolve_precision`); ``optimizer``
     and, for ``torch.optim.AdamW``, ``adamw_impl``; ``recompute`` through ``te.checkpoint``
-    (``"selective"``: ``checkpoint_core_attention``); ``accumulation`` micro-batches per step.
+    (``"selective"``: ``checkpoint_core_attention``); ``accumulation`` micro-batches per step;
+    ``bf16_autocast``: ``torch.autocast`` around the forward (``None``: as ``train_step`` on a
+    GPU, on unless the compute is FP32).
 
     ``peak_bytes`` predicts the rise of ``torch.cuda.max_memory_allocated`` over building the
     model and two training steps (``include_optimizer=False``: one forward and backward, no
@@ -902,6 +913,14 @@ def estimate(
     if not isinstance(layout, Layout):
         raise TypeError(f"layout must be a memory.Layout, not {type(layout).__name__}")
     checks.integer("accumulation", accumulation)
+    autocast = compute != "fp32" if bf16_autocast is None else bf16_autocast
+    checks.flag("bf16_autocast", autocast)
+    if autocast != layout_weights.autocast and (layout_weights.autocast or compute == "fp32"):
+        raise ValueError(
+            f"bf16_autocast={bf16_autocast}: weights={layout_weights.name!r} with "
+            f"precision={precision!r} runs {'with' if layout_weights.autocast else 'without'} "
+            "torch.autocast"
+        )
     checks.flag("fp32_grads", fp32_grads)
     checks.probability("hidden_dropout", hidden_dropout)
     checks.flag("flash_attention", flash_attention)
@@ -971,6 +990,7 @@ def estimate(
         cfg=cfg,
         weights=layout_weights,
         compute=compute,
+        autocast=autocast,
         optimizer=optimizer_used,
         recompute=recompute,
         include_optimizer=include_optimizer,
@@ -1026,6 +1046,7 @@ def _simulate(plan: _Plan) -> _Timeline:
         if plan.include_optimizer and plan.optimizer != "none":
             _optimizer_step(plan, tl, step)
         tl.set(Part.GRADIENTS, 0.0)
+        tl.set(Part.LOGITS, 0.0)  # train_step returns
     return tl
 
 
@@ -1062,7 +1083,7 @@ def _tree(plan: _Plan, batch: int, seq: int, per_param: dict, hopper: bool) -> M
                 ("data + transpose" if hopper else "data") + copies_note,
             )
     outer = _outer(plan)
-    if plan.weights.autocast:
+    if plan.weights.autocast or outer.head_copy:
         copies = tree.add(Part.AUTOCAST_COPIES)
         if not fp8:
             copies.add(

@@ -1,12 +1,12 @@
 """Check the memory estimator against complete training steps measured on a GPU with TE.
 
 Each configuration builds an ``fp8lab.models.GPT`` of ``te.TransformerLayer`` layers in one of
-the parameter layouts of :data:`fp8lab.memory.WEIGHTS`, runs two complete training steps
-(forward under the layout's autocast, ``fp8lab.training.lm_loss``, backward, optimizer step,
-``zero_grad(set_to_none=True)``; with gradient accumulation when asked; recompute through
-``te.checkpoint``), and records ``torch.cuda.max_memory_allocated`` above what was allocated
-before the model was built, phase by phase, beside :func:`fp8lab.memory.estimate`'s
-prediction::
+the parameter layouts of :data:`fp8lab.memory.WEIGHTS`, runs two complete training steps of the
+book's :func:`fp8lab.training.train_step` (BF16 autocast and the FP8 recipe around each
+forward, ``lm_loss``, backward, optimizer step; gradient accumulation when asked; recompute
+through ``te.checkpoint``), and records ``torch.cuda.max_memory_allocated`` above what was
+allocated before the model was built, phase by phase (hooks on the model and the optimizer
+mark the phases), beside :func:`fp8lab.memory.estimate`'s prediction::
 
     python -m tools.memory_check --matrix tune --csv tests/gpu_results/memory_tune_h200.csv
     python -m tools.memory_check --matrix heldout --csv tests/gpu_results/memory_heldout_h200.csv
@@ -241,17 +241,15 @@ def build(config: Config, te, fp8, device):
     )
     with init:
         model = GPT(config.cfg, form="te_layer", te=te, params_dtype=params_dtype, device=device)
-    if weights.optimizer == "te-fused" and device.type == "cuda":
-        from transformer_engine.pytorch.optimizers import FusedAdam
-
-        optimizer = FusedAdam(
+    if weights.optimizer == "te-fused":  # TE's, or the CPU reference's stand-in
+        optimizer = te.optimizers.FusedAdam(
             model.parameters(),
             lr=1e-4,
             weight_decay=0.01,
             master_weights=True,
             master_weight_dtype=torch.float32,
         )
-    else:  # torch picks its foreach implementation on CUDA (and AdamW stands in on a CPU)
+    else:  # torch picks its foreach implementation on CUDA
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     return model, optimizer
 
@@ -289,48 +287,66 @@ def forward(model, tokens, recompute: str, te):
     return model.head(model.final_norm(x)).transpose(0, 1)  # [S, B, V] -> [B, S, V]
 
 
-def micro_step(model, tokens, targets, config: Config, te, fp8, meter, step: int):
-    """Forward, loss and backward of one micro-batch; the logits live until backward returns."""
+def steppable(model, recompute: str, te):
+    """The model as ``train_step`` calls it: itself, or a wrapper whose forward recomputes."""
+    if recompute == "none":
+        return model
     import torch
 
-    from fp8lab.training import lm_loss
+    class Recomputed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gpt = model
 
-    weights = memory.WEIGHTS[config.weights]
-    amp = torch.autocast(tokens.device.type, dtype=torch.bfloat16, enabled=weights.autocast)
-    with amp, te.autocast(enabled=fp8 is not None, recipe=fp8):
-        logits = forward(model, tokens, config.recompute, te)
-    loss = lm_loss(logits, targets)
-    if config.accumulation > 1:
-        loss = loss / config.accumulation
-    meter.mark(f"step {step} forward")
-    loss.backward()
-    meter.mark(f"step {step} backward")
-    return loss.item()
+        def forward(self, tokens):
+            return forward(self.gpt, tokens, recompute, te)
+
+    return Recomputed()
 
 
 def measure(config: Config, te, recipe_module, device) -> dict:
-    """Build, train ``STEPS`` steps, and return the measured peaks (MiB) and timings."""
+    """Build, train ``STEPS`` steps with ``train_step``, and return the measured peaks (MiB)."""
     import torch
 
     from fp8lab.models import random_tokens
+    from fp8lab.training import train_step
 
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    tokens = random_tokens(config.cfg, config.batch, config.seq, seed=0, device=device)
-    targets = random_tokens(config.cfg, config.batch, config.seq, seed=1, device=device)
+    batches = [
+        tuple(
+            random_tokens(config.cfg, config.batch, config.seq, seed=2 * i + j, device=device)
+            for j in (0, 1)
+        )
+        for i in range(config.accumulation)
+    ]
     fp8 = fp8_recipe(config, recipe_module)  # one recipe object for the whole run
     meter = Meter(torch, device)
     begin = time.perf_counter()
     model, optimizer = build(config, te, fp8, device)
     meter.mark("build")
     after_build = meter.after["build"]
-    for step in range(1, STEPS + 1):
-        for _ in range(config.accumulation):
-            micro_step(model, tokens, targets, config, te, fp8, meter, step)
-        optimizer.step()
-        meter.mark(f"step {step} optimizer step")
-        optimizer.zero_grad(set_to_none=True)
+    model = steppable(model, config.recompute, te)
+    step = {"index": 0}
+
+    def marker(phase):
+        return lambda *_, **__: meter.mark(f"step {step['index']} {phase}")
+
+    hooks = [
+        model.register_forward_pre_hook(marker("loss and backward")),  # the previous micro-batch's
+        model.register_forward_hook(marker("model forward")),
+        optimizer.register_step_pre_hook(marker("loss and backward")),
+        optimizer.register_step_post_hook(marker("optimizer step")),
+    ]
+    try:
+        for index in range(1, STEPS + 1):
+            step["index"] = index
+            train_step(model, batches, optimizer, te=te, fp8_recipe=fp8, measure_peak=False)
+            meter.mark(f"step {index} optimizer step")  # until train_step returned
+    finally:
+        for hook in hooks:
+            hook.remove()
     seconds = time.perf_counter() - begin
     peaks = {phase: value / MiB for phase, value in meter.peaks.items()}
     reserved = getattr(meter, "reserved", float("nan")) - meter.base_reserved
