@@ -40,7 +40,6 @@ from fp8lab import (
     flops,
     formats,
     layers,
-    memory,
     models,
     profiling,
     roofline,
@@ -64,12 +63,6 @@ from tests.property_support import (  # noqa: E402
 
 def _timing(times):
     return speedometer.Timing("t", times, "cpu")
-
-
-def _node(name, nbytes):
-    node = memory.MemoryNode(name, nbytes)
-    node.add("part", nbytes)
-    return node.total
 
 
 def _gemm(name, m, n, k, count):
@@ -460,91 +453,6 @@ ENTRIES: dict[str, Entry] = {
             "recompute": maybe(st.sampled_from(flops.RECOMPUTE)),
         },
     ),
-    # memory
-    "memory.Layout": Entry(
-        memory.Layout,
-        {
-            "tp": maybe(ints(1, 4)),
-            "sequence_parallel": maybe(st.booleans()),
-            "dp": maybe(ints(1, 8)),
-            "zero_stage": maybe(ints(0, 3)),
-        },
-        aliases={"tp": ["sequence_parallel"], "sequence_parallel": ["tp"]},
-    ),
-    "memory.MemoryNode": Entry(_node, {"name": st.just("n"), "nbytes": maybe(reals(0, 1e9))}),
-    "memory.MemoryEstimate": Entry(
-        lambda batch: memory.estimate(TINY, batch, 16).peak_mib, {"batch": maybe(ints())}
-    ),
-    "memory.bytes_per_parameter": Entry(
-        memory.bytes_per_parameter,
-        {
-            "precision": maybe(st.sampled_from(memory.PRECISIONS)),
-            "optimizer": maybe(st.sampled_from(memory.OPTIMIZERS)),
-            "fp32_grads": maybe(st.booleans()),
-            "hopper": maybe(st.booleans()),
-        },
-    ),
-    "memory.zero_training_state": Entry(
-        memory.zero_training_state,
-        {
-            "n_params": maybe(reals(1, 1e12)),
-            "dp": maybe(ints()),
-            "stage": maybe(ints(0, 3)),
-            "k": maybe(reals(0, 16)),
-            "weight_bytes": maybe(reals(0.5, 4)),
-            "grad_bytes": maybe(reals(0.5, 4)),
-        },
-    ),
-    "memory.korthikanti_activations": Entry(
-        memory.korthikanti_activations,
-        {
-            "cfg": maybe(st.just(TINY)),
-            "batch": maybe(ints()),
-            "seq": maybe(ints()),
-            "tp": maybe(ints(1, 4)),
-            "sequence_parallel": maybe(st.booleans()),
-            "recompute": maybe(st.sampled_from(flops.RECOMPUTE)),
-        },
-    ),
-    "memory.backward_transients": Entry(
-        memory.backward_transients,
-        {
-            "cfg": maybe(st.just(TINY)),
-            "tokens": maybe(ints()),
-            "element": maybe(st.sampled_from([2, 4])),
-            "fp8": maybe(st.booleans()),
-            "tp": maybe(ints(1, 2)),
-        },
-    ),
-    "memory.estimate": Entry(
-        memory.estimate,
-        {
-            "cfg": maybe(st.sampled_from([TINY, TINY_GQA])),
-            "batch": maybe(ints()),
-            "seq": maybe(ints(1, 2048)),
-            "precision": maybe(st.sampled_from(memory.PRECISIONS)),
-            "optimizer": maybe(st.sampled_from(memory.OPTIMIZERS)),
-            "recompute": maybe(st.sampled_from(flops.RECOMPUTE)),
-            "layout": maybe(st.sampled_from([None, memory.Layout(tp=2, sequence_parallel=True)])),
-            "fp32_grads": maybe(st.booleans()),
-            "hidden_dropout": maybe(reals(0, 0.9)),
-            "flash_attention": maybe(st.booleans()),
-            "hopper": maybe(st.booleans()),
-            "amax_history_len": maybe(ints(1, 1024)),
-            "include_optimizer": maybe(st.booleans()),
-        },
-        aliases={"layout": ["tp", "sequence parallelism"], "seq": ["sequence parallelism"]},
-    ),
-    "memory.largest_micro_batch": Entry(
-        memory.largest_micro_batch,
-        {
-            "cfg": maybe(st.just(TINY)),
-            "seq": maybe(ints(1, 2048)),
-            "memory_bytes": maybe(reals(1e9, 1e11)),
-            "headroom": maybe(reals(0.1, 1)),
-            "max_batch": maybe(ints(1, 64)),
-        },
-    ),
     # formats
     "formats.dtype_of": Entry(
         formats.dtype_of,
@@ -846,11 +754,14 @@ NOT_CALLED = {
     "datasheet.DATASHEET",
     "datasheet.DTYPES",
     "flops.RECOMPUTE",
+    "memory.ADAMW_IMPLS",
+    "memory.COMPUTE",
     "memory.CUDA_CONTEXT",
     "memory.OPTIMIZERS",
     "memory.PRECISIONS",
     "memory.Part",
     "memory.Saved",
+    "memory.WEIGHTS",
     "formats.DTYPES",
     "formats.Encoding",
     "formats.FormatInfo",

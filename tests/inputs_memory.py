@@ -1,0 +1,135 @@
+"""Property-test entries for fp8lab.memory (imported by tests/test_inputs.py)."""
+
+import hypothesis.strategies as st
+
+from fp8lab import flops, memory
+from tests.property_support import TINY, TINY_GQA, Entry, ints, maybe, reals
+
+
+def _node(name, nbytes):
+    node = memory.MemoryNode(name, nbytes)
+    node.add("part", nbytes)
+    return node.total
+
+
+def _fits(batch, headroom):
+    return memory.fitting_gpus(memory.estimate(TINY, batch, 16), headroom)
+
+
+ENTRIES = {
+    "memory.Layout": Entry(
+        memory.Layout,
+        {
+            "tp": maybe(ints(1, 4)),
+            "sequence_parallel": maybe(st.booleans()),
+            "dp": maybe(ints(1, 8)),
+            "zero_stage": maybe(ints(0, 3)),
+        },
+        aliases={"tp": ["sequence_parallel"], "sequence_parallel": ["tp"]},
+    ),
+    "memory.MemoryNode": Entry(_node, {"name": st.just("n"), "nbytes": maybe(reals(0, 1e9))}),
+    "memory.MemoryEstimate": Entry(
+        lambda batch: memory.estimate(TINY, batch, 16).peak_mib, {"batch": maybe(ints())}
+    ),
+    "memory.Weights": Entry(
+        memory.Weights,
+        {
+            "name": maybe(st.just("custom")),
+            "param_bytes": maybe(reals(0.5, 4)),
+            "grad_bytes": maybe(reals(0.5, 4)),
+            "master_bytes": maybe(reals(0, 4)),
+            "state_bytes": maybe(reals(0.5, 4)),
+            "optimizer": maybe(st.sampled_from(["torch", "te-fused"])),
+            "autocast": maybe(st.booleans()),
+            "fp8_params": maybe(st.booleans()),
+        },
+    ),
+    "memory.resolve_precision": Entry(
+        memory.resolve_precision,
+        {
+            "precision": maybe(st.sampled_from(memory.PRECISIONS)),
+            "weights": maybe(st.sampled_from([None, *memory.WEIGHTS])),
+        },
+        aliases={"precision": ["weights"], "weights": ["precision"]},
+    ),
+    "memory.bytes_per_parameter": Entry(
+        memory.bytes_per_parameter,
+        {
+            "precision": maybe(st.sampled_from(memory.PRECISIONS)),
+            "optimizer": maybe(st.sampled_from(memory.OPTIMIZERS)),
+            "fp32_grads": maybe(st.booleans()),
+            "hopper": maybe(st.booleans()),
+        },
+    ),
+    "memory.zero_training_state": Entry(
+        memory.zero_training_state,
+        {
+            "n_params": maybe(reals(1, 1e12)),
+            "dp": maybe(ints()),
+            "stage": maybe(ints(0, 3)),
+            "k": maybe(reals(0, 16)),
+            "weight_bytes": maybe(reals(0.5, 4)),
+            "grad_bytes": maybe(reals(0.5, 4)),
+        },
+    ),
+    "memory.korthikanti_activations": Entry(
+        memory.korthikanti_activations,
+        {
+            "cfg": maybe(st.just(TINY)),
+            "batch": maybe(ints()),
+            "seq": maybe(ints()),
+            "tp": maybe(ints(1, 4)),
+            "sequence_parallel": maybe(st.booleans()),
+            "recompute": maybe(st.sampled_from(flops.RECOMPUTE)),
+        },
+    ),
+    "memory.backward_transients": Entry(
+        memory.backward_transients,
+        {
+            "cfg": maybe(st.just(TINY)),
+            "tokens": maybe(ints()),
+            "element": maybe(st.sampled_from([2, 4])),
+            "fp8": maybe(st.booleans()),
+            "tp": maybe(ints(1, 2)),
+        },
+    ),
+    "memory.estimate": Entry(
+        memory.estimate,
+        {
+            "cfg": maybe(st.sampled_from([TINY, TINY_GQA])),
+            "batch": maybe(ints()),
+            "seq": maybe(ints(1, 2048)),
+            "precision": maybe(st.sampled_from(["bf16", "fp8-delayed", "fp8-block"])),
+            "weights": maybe(st.sampled_from([None, "bf16", "fp32-autocast", "bf16-master"])),
+            "optimizer": maybe(st.sampled_from(memory.OPTIMIZERS)),
+            "adamw_impl": maybe(st.sampled_from(memory.ADAMW_IMPLS)),
+            "recompute": maybe(st.sampled_from(flops.RECOMPUTE)),
+            "layout": maybe(st.sampled_from([None, memory.Layout(tp=2, sequence_parallel=True)])),
+            "accumulation": maybe(ints(1, 4)),
+            "fp32_grads": maybe(st.booleans()),
+            "hidden_dropout": maybe(reals(0, 0.9)),
+            "flash_attention": maybe(st.booleans()),
+            "hopper": maybe(st.booleans()),
+            "amax_history_len": maybe(ints(1, 1024)),
+            "include_optimizer": maybe(st.booleans()),
+        },
+        aliases={
+            "layout": ["tp", "sequence parallelism"],
+            "seq": ["sequence parallelism"],
+            "precision": ["weights"],
+            "weights": ["precision"],
+        },
+    ),
+    "memory.fitting_gpus": Entry(_fits, {"batch": maybe(ints()), "headroom": maybe(reals(0.1, 1))}),
+    "memory.largest_micro_batch": Entry(
+        memory.largest_micro_batch,
+        {
+            "cfg": maybe(st.just(TINY)),
+            "seq": maybe(ints(1, 2048)),
+            "memory_bytes": maybe(reals(1e9, 1e11)),
+            "headroom": maybe(reals(0.1, 1)),
+            "context_bytes": maybe(reals(0, 1e9)),
+            "max_batch": maybe(ints(1, 64)),
+        },
+    ),
+}
