@@ -123,8 +123,12 @@ def _lazy_names(init: Path) -> set[str]:
     return set()
 
 
-def library_modules(notebook: dict, root: Path = ROOT) -> list[str]:
-    """The fp8lab modules a chapter imports, directly or through other fp8lab modules, sorted."""
+def library_modules(notebook: dict, root: Path = ROOT, exclude: tuple[str, ...] = ()) -> list[str]:
+    """The fp8lab modules a chapter imports, directly or through other fp8lab modules, sorted.
+
+    ``exclude``: modules whose code cannot change the output (a result file of measurements
+    leaves out the estimator it is compared with); they are neither hashed nor followed.
+    """
     pending: set[str] = set()
     for source in _code_cells(notebook):
         try:
@@ -134,7 +138,7 @@ def library_modules(notebook: dict, root: Path = ROOT) -> list[str]:
     seen: set[str] = set()
     while pending:
         module = pending.pop()
-        if module in seen:
+        if module in seen or module in exclude:
             continue
         seen.add(module)
         path = _module_path(module, root)

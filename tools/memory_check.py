@@ -516,8 +516,10 @@ def stamp(csv: Path, matrix: str, seconds: float, machine: dict | None = None) -
     notebook = {
         "cells": [{"cell_type": "code", "source": "\n".join(f"import {m}" for m in MEASURED_WITH)}]
     }
+    # fp8lab.memory is the estimator under test: the measured peaks do not depend on it (the tests
+    # recompute its predictions from the committed measurements), so it is not part of the stamp
     record = lane.stamp_record(
-        lane.library_modules(notebook),
+        lane.library_modules(notebook, exclude=("fp8lab.memory",)),
         machine,
         matrix=matrix,
         command=f"python -m tools.memory_check --matrix {matrix} --csv {csv.as_posix()}",
