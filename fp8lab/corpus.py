@@ -113,11 +113,11 @@ class Corpus:
         return self.train_texts if split == "train" else self.validation_texts
 
     def describe(self) -> dict:
-        """What a result file records about its corpus (JSON-ready)."""
+        """What a result file records about its corpus (JSON-ready). The folder it was read
+        from is left out: it names a machine, and the hash already identifies the text."""
         return {
             "source": "Python standard library",
             "python": self.python,
-            "root": self.root,
             "train_files": len(self.train_files),
             "validation_files": len(self.validation_files),
             "train_bytes": self.train_bytes,
