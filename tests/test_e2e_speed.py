@@ -1,0 +1,66 @@
+"""Chapter 09's alternated speed measurement: the committed file comes from the GPU lane and
+the code here now; ratios are per-round ratios; the measurement runs at smoke size."""
+
+import json
+
+import pytest
+
+from tools import e2e_speed, lane
+from tools import train_e2e as e2e
+
+IN_THE_BOOK = any(p.name == "09_end_to_end.ipynb" for p in lane.toc_notebooks())
+
+
+@pytest.mark.skipif(not IN_THE_BOOK, reason="chapter 09 is not in _toc.yml yet")
+def test_the_committed_speed_file_comes_from_the_gpu_lane():
+    path = e2e_speed.RESULTS_FILE
+    assert path.exists(), "no e2e_speed.json; on a GPU box run python -m tools.e2e_speed"
+    record = json.loads(path.read_text())
+    assert lane.record_problems(record.get("stamp"), path.name) == []
+    for model, groups in e2e_speed.GROUPS.items():
+        measured = [group["settings"] for group in record["models"][model]["groups"]]
+        assert measured == [list(group) for group in groups]
+
+
+def test_every_group_holds_the_anchor_and_every_setting_is_measured():
+    for groups in e2e_speed.GROUPS.values():
+        assert all(group[0] == e2e_speed.ANCHOR for group in groups)
+        assert {name for group in groups for name in group} == set(e2e.SETTINGS)
+
+
+def test_a_ratio_is_taken_round_by_round_within_one_group():
+    record = {
+        "models": {
+            "large": {
+                "tokens_per_step": 1000,
+                "groups": [
+                    {"ms_per_step": {"bf16": [100.0, 200.0, 100.0], "te-delayed": [50, 100, 80]}},
+                    {"ms_per_step": {"bf16": [90.0, 90.0, 90.0], "te-block": [60, 60, 90]}},
+                ],
+            }
+        }
+    }
+    # per round 2.0, 2.0, 1.25: a ratio of medians (100 / 80) would say 1.25
+    assert e2e_speed.ratio(record, "large", "te-delayed") == {
+        "median": 2.0,
+        "low": 1.25,
+        "high": 2.0,
+        "rounds": 3,
+    }
+    assert e2e_speed.ratio(record, "large", "te-block")["median"] == pytest.approx(1.5)
+    assert e2e_speed.ratio(record, "large", "te-block", "te-delayed") is None
+    assert e2e_speed.tokens_per_s(record, "large", "te-delayed") == pytest.approx(1000 / 0.08)
+    assert e2e_speed.tokens_per_s(record, "large", "ao-rowwise") is None
+
+
+def test_the_measurement_runs_on_the_reference_without_what_it_cannot_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("FP8LAB_CACHE", str(tmp_path))
+    bench = e2e.Bench("smoke", device="cpu", log=None)
+    record = e2e_speed.measure(bench, ("small",), rounds=2, steps=1, warmup=0, log=lambda _: None)
+    (group,) = record["models"]["small"]["groups"]
+    assert group["settings"] == ["bf16", "te-delayed", "te-current", "te-block", "torch-bf16"]
+    assert all(len(times) == 2 and min(times) > 0 for times in group["ms_per_step"].values())
+    assert e2e_speed.ratio(record, "small", "bf16")["median"] == 1.0
+    assert e2e_speed.stamp(record, 1.0) is None
+    with pytest.raises(ValueError, match="rounds"):
+        e2e_speed.measure(bench, ("small",), rounds=1)
