@@ -20,6 +20,14 @@ def test_the_committed_speed_file_comes_from_the_gpu_lane():
     for model, groups in e2e_speed.GROUPS.items():
         measured = [group["settings"] for group in record["models"][model]["groups"]]
         assert measured == [list(group) for group in groups]
+        long_run = json.loads(
+            (e2e.RESULTS_DIR / e2e.result_name(model, "te-fastest", 0)).read_text()
+        )
+        for group in record["models"][model]["groups"]:
+            for name, ran in group["what_ran"].items():
+                if name == "te-fastest":  # the same variant as the long run
+                    assert ran["fp8_attention"] == long_run["what_ran"]["fp8_attention"]
+                    assert ran["fp8_weights"] == long_run["what_ran"]["fp8_weights"]
 
 
 def test_every_group_holds_the_anchor_and_every_setting_is_measured():
@@ -58,7 +66,16 @@ def test_the_measurement_runs_on_the_reference_without_what_it_cannot_run(tmp_pa
     bench = e2e.Bench("smoke", device="cpu", log=None)
     record = e2e_speed.measure(bench, ("small",), rounds=2, steps=1, warmup=0, log=lambda _: None)
     (group,) = record["models"]["small"]["groups"]
-    assert group["settings"] == ["bf16", "te-delayed", "te-current", "te-block", "torch-bf16"]
+    assert group["settings"] == [
+        "bf16",
+        "te-delayed",
+        "te-current",
+        "te-block",
+        "te-fastest",
+        "torch-bf16",
+    ]
+    assert group["what_ran"]["te-fastest"]["fp8_attention"] is False  # refused by the reference
+    assert group["what_ran"]["te-fastest"]["fp8_weights"] is True
     assert all(len(times) == 2 and min(times) > 0 for times in group["ms_per_step"].values())
     assert e2e_speed.ratio(record, "small", "bf16")["median"] == 1.0
     assert e2e_speed.stamp(record, 1.0) is None
