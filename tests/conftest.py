@@ -15,6 +15,20 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture
+def fake_machine() -> dict:
+    """What a stamp records of the machine it was made on: an H200 with TE, for stamps made in
+    tests (a fresh dict per test, free to edit)."""
+    return {
+        "gpu_name": "NVIDIA H200",
+        "gpu_count": 1,
+        "compute_capability": "9.0",
+        "torch": "2.11.0",
+        "cuda": "13.0",
+        "transformer_engine": "2.20.2",
+    }
+
+
 @lru_cache(maxsize=1)
 def gpu_skip_reason() -> str | None:
     """None where the GPU tests can run, else why not."""

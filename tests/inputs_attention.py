@@ -72,6 +72,19 @@ def _result(backend, status, label):
     return attention.AttentionResult(label=label, backend=backend, status=status).as_row()["status"]
 
 
+# explicit_attention and sdpa_attention take the same arguments and share their rules
+ATTENTION_CALL = {
+    "args": {
+        "groups": maybe(st.sampled_from([1, 2, 4])),
+        "mask": maybe(MASKS),
+        "window_size": maybe(WINDOWS),
+        "dropout_p": maybe(st.sampled_from([0.0, 0.1])),
+    },
+    "aliases": {"groups": ["k ", "heads", "q "]},
+    "signed": True,
+    "examples": 20,
+}
+
 ENTRIES = {
     "flops.ATTENTION_MASKS": Entry(lambda: len(flops.ATTENTION_MASKS), {}, examples=2),
     "flops.attention_window": Entry(
@@ -118,30 +131,8 @@ ENTRIES = {
         attention.window_mask,
         {"seq": maybe(ints(1, 64)), "mask": maybe(MASKS), "window_size": maybe(WINDOWS)},
     ),
-    "attention.explicit_attention": Entry(
-        _explicit,
-        {
-            "groups": maybe(st.sampled_from([1, 2, 4])),
-            "mask": maybe(MASKS),
-            "window_size": maybe(WINDOWS),
-            "dropout_p": maybe(st.sampled_from([0.0, 0.1])),
-        },
-        aliases={"groups": ["k ", "heads", "q "]},
-        signed=True,
-        examples=20,
-    ),
-    "attention.sdpa_attention": Entry(
-        _sdpa,
-        {
-            "groups": maybe(st.sampled_from([1, 2, 4])),
-            "mask": maybe(MASKS),
-            "window_size": maybe(WINDOWS),
-            "dropout_p": maybe(st.sampled_from([0.0, 0.1])),
-        },
-        aliases={"groups": ["k ", "heads", "q "]},
-        signed=True,
-        examples=20,
-    ),
+    "attention.explicit_attention": Entry(_explicit, **ATTENTION_CALL),
+    "attention.sdpa_attention": Entry(_sdpa, **ATTENTION_CALL),
     "attention.kernel_family": Entry(
         attention.kernel_family,
         {"names": maybe(st.sampled_from([["aten::bmm", "aten::_softmax"], ["fmha_cutlassF"], []]))},

@@ -13,14 +13,6 @@ from tools import lane
 from tools import train_e2e as e2e
 
 EXPECTED = e2e.expected_files()
-FAKE_MACHINE = {
-    "gpu_name": "NVIDIA H200",
-    "gpu_count": 1,
-    "compute_capability": "9.0",
-    "torch": "2.11.0",
-    "cuda": "13.0",
-    "transformer_engine": "2.20.2",
-}
 
 
 IN_THE_BOOK = any(p.name == "09_end_to_end.ipynb" for p in lane.toc_notebooks())
@@ -171,19 +163,19 @@ def test_the_fastest_form_falls_back_past_fp8_attention_on_the_reference(bench):
     assert all(math.isfinite(v) for v in record["train_loss"])
 
 
-def test_a_stamp_covers_this_script_and_the_library_it_imports(tmp_path, monkeypatch):
+def test_a_stamp_covers_this_script_and_the_library_it_imports(tmp_path, monkeypatch, fake_machine):
     modules = e2e.result_modules()
     assert {"tools.train_e2e", "fp8lab.corpus", "fp8lab.training", "fp8lab.models"} <= set(modules)
-    stamp = lane.stamp_record(modules, FAKE_MACHINE, run_seconds=1.0)
+    stamp = lane.stamp_record(modules, fake_machine, run_seconds=1.0)
     assert lane.record_problems(stamp, "r.json") == []
     monkeypatch.setattr(lane, "library_hash", lambda modules, root=lane.ROOT: "0" * 64)
     assert any("changed since" in p for p in lane.record_problems(stamp, "r.json"))
 
 
-def test_whole_plan_runs_on_a_gpu_are_stamped_failures_included(monkeypatch):
+def test_whole_plan_runs_on_a_gpu_are_stamped_failures_included(monkeypatch, fake_machine):
     from types import SimpleNamespace
 
-    monkeypatch.setattr(lane, "where_it_runs", lambda: dict(FAKE_MACHINE))
+    monkeypatch.setattr(lane, "where_it_runs", lambda: dict(fake_machine))
     gpu = SimpleNamespace(on_gpu=True, preset="full")
     whole = {"steps_requested": 300, "steps_planned": 300, "error": None, "wall_s": 9.0}
     diverged = dict(whole, error="non-finite loss by step 40: stopped")

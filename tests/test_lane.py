@@ -9,14 +9,6 @@ import pytest
 from tools import lane
 
 CHAPTERS = lane.toc_notebooks()
-FAKE_MACHINE = {
-    "gpu_name": "NVIDIA H200",
-    "gpu_count": 1,
-    "compute_capability": "9.0",
-    "torch": "2.11.0",
-    "cuda": "13.0",
-    "transformer_engine": "2.20.2",
-}
 
 
 def test_the_toc_lists_chapters():
@@ -34,9 +26,9 @@ def _copy_of_chapter(tmp_path):
     return target
 
 
-def test_changing_a_code_cell_breaks_the_stamp(tmp_path):
+def test_changing_a_code_cell_breaks_the_stamp(tmp_path, fake_machine):
     path = _copy_of_chapter(tmp_path)
-    lane.stamp(path, machine=FAKE_MACHINE)
+    lane.stamp(path, machine=fake_machine)
     notebook = lane.read(path)
     for cell in notebook["cells"]:  # the copy may be unexecuted; give it execution counts
         if cell["cell_type"] == "code":
@@ -58,17 +50,17 @@ def test_markdown_edits_and_trailing_space_keep_the_stamp(tmp_path):
     assert lane.code_hash(notebook) == before
 
 
-def test_missing_stamp_error_output_and_cpu_stamp_are_reported(tmp_path):
+def test_missing_stamp_error_output_and_cpu_stamp_are_reported(tmp_path, fake_machine):
     path = _copy_of_chapter(tmp_path)
     notebook = lane.read(path)
     notebook["metadata"].pop(lane.STAMP_KEY, None)
     path.write_text(json.dumps(notebook))
     assert "no GPU stamp" in lane.problems(path)[0]
 
-    lane.stamp(path, machine=dict(FAKE_MACHINE, transformer_engine=None))
+    lane.stamp(path, machine=dict(fake_machine, transformer_engine=None))
     assert any("does not name a CUDA GPU" in p for p in lane.problems(path))
 
-    lane.stamp(path, machine=FAKE_MACHINE)
+    lane.stamp(path, machine=fake_machine)
     notebook = lane.read(path)
     cell = next(c for c in notebook["cells"] if c["cell_type"] == "code")
     cell["outputs"] = [
@@ -118,19 +110,19 @@ def test_library_hash_ignores_docstrings_and_comments_but_not_code(tmp_path):
     assert lane.library_hash(["fp8lab.thing"], root=tmp_path) != before
 
 
-def test_a_changed_library_breaks_the_stamp(tmp_path, monkeypatch):
+def test_a_changed_library_breaks_the_stamp(tmp_path, monkeypatch, fake_machine):
     path = _copy_of_chapter(tmp_path)
-    lane.stamp(path, machine=FAKE_MACHINE)
+    lane.stamp(path, machine=fake_machine)
     record = lane.read(path)["metadata"][lane.STAMP_KEY]
     assert record["library_modules"] and len(record["library_sha256"]) == 64
     monkeypatch.setattr(lane, "library_hash", lambda modules, root=lane.ROOT: "0" * 64)
     assert any("fp8lab modules it imports" in p for p in lane.problems(path))
 
 
-def test_a_stamp_must_record_the_gpus_a_chapter_needs(tmp_path):
+def test_a_stamp_must_record_the_gpus_a_chapter_needs(tmp_path, fake_machine):
     path = _copy_of_chapter(tmp_path)
     notebook = lane.read(path)
     notebook["metadata"][lane.GPUS_KEY] = 2
     path.write_text(json.dumps(notebook))
-    lane.stamp(path, machine=FAKE_MACHINE)
+    lane.stamp(path, machine=fake_machine)
     assert any("it needs 2" in p for p in lane.problems(path))

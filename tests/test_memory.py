@@ -506,17 +506,10 @@ def _check_stamp(csv: Path, matrix: str) -> None:
     assert record["matrix"] == matrix
 
 
-def test_a_stamp_catches_an_edited_result_file(tmp_path):
+def test_a_stamp_catches_an_edited_result_file(tmp_path, fake_machine):
     from tools.memory_check import stamp
 
-    machine = {
-        "gpu_name": "NVIDIA H200",
-        "gpu_count": 1,
-        "compute_capability": "9.0",
-        "torch": "2.11.0",
-        "cuda": "13.0",
-        "transformer_engine": "2.20.2",
-    }
+    machine = fake_machine
     csv = tmp_path / "memory_tune_h200.csv"
     csv.write_text("model,measured_MiB\ngpt-350m,1000.0\n")
     stamp(csv, "tune", 1.0, machine)
