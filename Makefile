@@ -37,14 +37,14 @@ unit: $(BIN)/.installed
 notebooks: $(BIN)/.installed
 	FP8LAB_PRESET=smoke $(BIN)/python -m pytest -q --nbmake -n $(PYTEST_WORKERS) $$($(BIN)/python -m tools.lane list)
 
-test: $(BIN)/.installed lint book-strict
+test: $(BIN)/.installed lint book-strict check-stamps
 	FP8LAB_PRESET=smoke $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --nbmake tests $$($(BIN)/python -m tools.lane list)
 
 gpu-lane:
 	$(PYTHON) -m tools.lane run $(NOTEBOOKS)
 
-check-stamps:
-	$(PYTHON) -m tools.lane check
+check-stamps: $(BIN)/.installed
+	$(BIN)/python -m tools.lane check
 
 clean:
 	rm -rf _build $(VENV)

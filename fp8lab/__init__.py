@@ -35,6 +35,7 @@ __version__ = "0.2.0"
 
 _LAZY = {
     "banner": "fp8lab.environment",
+    "setup": "fp8lab.environment",
     "by_preset": "fp8lab.environment",
     "detect": "fp8lab.environment",
     "import_te": "fp8lab.environment",

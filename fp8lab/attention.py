@@ -54,6 +54,14 @@ import torch
 import torch.nn.functional as F
 
 from fp8lab import checks, flops
+from fp8lab.profiling import (
+    CUDNN,
+    EFFICIENT,
+    FLASH_PACKAGE,
+    FLASH_TORCH,
+    UNFUSED,
+    kernel_family,
+)
 from fp8lab.speedometer import Timing, time_callable
 
 __all__ = [
@@ -65,7 +73,6 @@ __all__ = [
     "backend_context",
     "capture_te_log",
     "explicit_attention",
-    "kernel_family",
     "measure",
     "run_attention",
     "sdpa_attention",
@@ -96,19 +103,6 @@ SDPA_PINS = {
     "sdpa_efficient": "EFFICIENT_ATTENTION",
     "sdpa_math": "MATH",
 }
-# Kernel families, short enough for a table column.
-CUDNN, FLASH_TORCH, FLASH_PACKAGE = "cuDNN", "PyTorch flash", "flash-attn"
-EFFICIENT, UNFUSED, OTHER = "mem-efficient", "GEMM+softmax", "other"
-# Read off kernel (GPU) or operator (CPU) names; the first family whose pattern any name matches.
-# cuDNN's generated attention kernels contain "flash" too, so cuDNN is tested first.
-_FAMILIES = (
-    (CUDNN, re.compile(r"cudnn|fort_native_sdpa", re.I)),
-    (FLASH_TORCH, re.compile(r"pytorch_flash|_flash_attention_for_cpu", re.I)),
-    (FLASH_PACKAGE, re.compile(r"flash_fwd|flash_bwd|flashattn|flash_attn", re.I)),
-    (EFFICIENT, re.compile(r"fmha_cutlass|efficient_attention", re.I)),
-)
-_SOFTMAX = re.compile(r"softmax", re.I)
-_GEMM = re.compile(r"gemm|nvjet|xmma|aten::(bmm|mm|matmul|baddbmm)\b", re.I)
 EXPECTED_FAMILY = {
     "te_fused": CUDNN,
     "te_flash": FLASH_PACKAGE,
@@ -403,25 +397,6 @@ def capture_te_log(level: str = "DEBUG"):
         for lg, handlers, lg_level, propagate in saved:
             lg.handlers, lg.propagate = handlers, propagate
             lg.setLevel(lg_level)
-
-
-def kernel_family(names: Sequence[str]) -> str:
-    """What ran, read off kernel or operator names: ``cuDNN`` (fused attention), ``PyTorch flash``
-    (PyTorch's FlashAttention-2, or its CPU flash kernel), ``flash-attn`` (the flash-attn
-    packages), ``mem-efficient`` (xFormers' cutlass kernels), ``GEMM+softmax`` (unfused), or
-    ``other``."""
-    if isinstance(names, str) or not isinstance(names, (list, tuple)):
-        raise TypeError(
-            f"names must be a list or tuple of kernel names, not {type(names).__name__}"
-        )
-    if not all(isinstance(name, str) for name in names):
-        raise TypeError("names: every kernel name must be a string")
-    for family, pattern in _FAMILIES:
-        if any(pattern.search(name) for name in names):
-            return family
-    if any(_SOFTMAX.search(n) for n in names) and any(_GEMM.search(n) for n in names):
-        return UNFUSED
-    return OTHER
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""Helpers for the notebooks' output: glue numbers into the prose, format them, show progress.
+"""Helpers for the notebooks' output: glue numbers into the prose, format them and the tables,
+show progress.
 
 :func:`glue` uses ``myst_nb.glue`` when MyST-NB is installed and otherwise writes
 the same output (a display bundle with ``scrapbook`` metadata, as MyST-NB 1.x
@@ -11,16 +12,33 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["PLOT_STYLE", "fmt", "glue", "pct", "plot_style", "progress"]
+from fp8lab import checks
+
+__all__ = ["PLOT_STYLE", "fmt", "glue", "pct", "plot_style", "progress", "table"]
 
 GLUE_PREFIX = "application/papermill.record/"
+_NOTHING = object()
 
 
-def glue(name: str, value: Any, display: bool = False) -> None:
-    """Record ``value`` under ``name`` for ``{glue}`name``` in the notebook's markdown."""
+def glue(name: str | None = None, value: Any = _NOTHING, display: bool = False, **values) -> None:
+    """Record values for ``{glue}`name``` in the notebook's markdown: ``glue("x", 3)`` one,
+    ``glue(x=3, y="fast")`` several (none of them displayed)."""
+    if name is None and value is _NOTHING:
+        if not values:
+            raise TypeError("glue: give a name and a value, or name=value pairs")
+        checks.flag("display", display)
+        for key, item in values.items():
+            _glue_one(key, item, display)
+        return
+    if value is _NOTHING or values:
+        raise TypeError("glue: give a name and a value, or name=value pairs, not both")
+    _glue_one(name, value, display)
+
+
+def _glue_one(name: str, value: Any, display: bool) -> None:
     if not isinstance(name, str) or not name:
         raise TypeError(f"name={name!r}: must be a non-empty string")
     try:
@@ -78,6 +96,39 @@ PLOT_STYLE = {
 }
 
 
+def table(
+    frame,
+    formats: Mapping[str, str] | str | None = None,
+    *,
+    caption: str | None = None,
+    index: bool = True,
+    missing: str = "—",
+):
+    """A pandas table as the book shows it: ``formats`` (one format string, or one per column;
+    columns not named keep pandas' own), ``missing`` for NaN, an optional caption, the index
+    shown or hidden. The page's CSS spaces the columns and lets a wide table scroll."""
+    import pandas as pd
+
+    if not isinstance(frame, (pd.DataFrame, pd.Series)):
+        raise TypeError(f"frame must be a pandas DataFrame, not {type(frame).__name__}")
+    frame = frame.to_frame() if isinstance(frame, pd.Series) else frame
+    if formats is not None and not isinstance(formats, (str, Mapping)):
+        raise TypeError(f"formats={formats!r}: must be a format string or a dict of them")
+    if isinstance(formats, Mapping):
+        unknown = [column for column in formats if column not in frame.columns]
+        if unknown:
+            raise ValueError(f"formats: no column {unknown} in the table")
+    for name, text in (("caption", caption), ("missing", missing)):
+        if text is not None and not isinstance(text, str):
+            raise TypeError(f"{name}={text!r}: must be a string")
+    checks.flag("index", index)
+    styled = frame.style.format(formats, na_rep=missing)
+    styled = styled.set_table_attributes('class="fp8lab-table"')
+    if caption:
+        styled = styled.set_caption(caption)
+    return styled if index else styled.hide(axis="index")
+
+
 def plot_style() -> None:
     """Matplotlib settings that keep figures legible at book width: 120 dpi, nothing under 9 pt,
     layouts that make room for labels. Every chapter calls it once, in its first cell."""
@@ -94,9 +145,7 @@ def progress(iterable: Iterable, desc: str = "", total: int | None = None):
     Set ``FP8LAB_PROGRESS=1`` to see the bar in a notebook anyway (it then lands in the output).
     """
     if total is not None:
-        from fp8lab.checks import integer
-
-        integer("total", total, minimum=0)
+        checks.integer("total", total, minimum=0)
     if not isinstance(desc, str):
         raise TypeError(f"desc={desc!r}: must be a string")
     from tqdm.std import tqdm  # the text bar; tqdm.auto would draw a widget

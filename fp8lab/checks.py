@@ -14,10 +14,11 @@ import numbers
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["choice", "flag", "integer", "number", "probability", "tensor"]
+__all__ = ["choice", "flag", "integer", "number", "probability", "show", "tensor"]
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """``repr(value)``, cut to 60 characters, for error messages."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -25,7 +26,7 @@ def _show(value: Any) -> str:
 def integer(name: str, value: Any, minimum: int | None = 1, maximum: int | None = None) -> int:
     """An ``int`` (not a bool) in ``[minimum, maximum]``; ``minimum=1`` by default."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}={_show(value)}: must be an integer, not {type(value).__name__}")
+        raise TypeError(f"{name}={show(value)}: must be an integer, not {type(value).__name__}")
     value = int(value)
     if minimum is not None and value < minimum:
         rule = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
@@ -45,7 +46,7 @@ def number(
 ) -> float:
     """A finite real number (not a bool), optionally ``> 0`` or ``>= 0`` and ``<= maximum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}={_show(value)}: must be a number, not {type(value).__name__}")
+        raise TypeError(f"{name}={show(value)}: must be a number, not {type(value).__name__}")
     value = float(value)
     rule = "a finite number" + (" > 0" if positive else " >= 0" if non_negative else "")
     if not math.isfinite(value) or (positive and value <= 0) or (non_negative and value < 0):
@@ -67,7 +68,7 @@ def flag(name: str, value: Any) -> bool:
     """A real ``bool``: ``"no"``, ``0`` or ``None`` are refused rather than read as true or
     false."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name}={_show(value)}: must be True or False, not {type(value).__name__}")
+        raise TypeError(f"{name}={show(value)}: must be True or False, not {type(value).__name__}")
     return value
 
 
@@ -75,15 +76,15 @@ def choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """One of ``choices`` (compared by equality, with the type checked first for strings)."""
     choices = tuple(choices)
     if all(isinstance(c, str) for c in choices) and not isinstance(value, str):
-        raise TypeError(f"{name}={_show(value)}: must be one of {', '.join(map(repr, choices))}")
+        raise TypeError(f"{name}={show(value)}: must be one of {', '.join(map(repr, choices))}")
     if isinstance(value, bool) and not any(isinstance(c, bool) for c in choices):
-        raise TypeError(f"{name}={_show(value)}: must be one of {', '.join(map(repr, choices))}")
+        raise TypeError(f"{name}={show(value)}: must be one of {', '.join(map(repr, choices))}")
     try:
         known = value in choices
     except TypeError:  # an unhashable or incomparable value
         known = False
     if not known:
-        raise ValueError(f"{name}={_show(value)}: must be one of {', '.join(map(repr, choices))}")
+        raise ValueError(f"{name}={show(value)}: must be one of {', '.join(map(repr, choices))}")
     return value
 
 

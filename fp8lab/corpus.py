@@ -345,7 +345,7 @@ class PackedLoader:
                 f"tokens: {tokens.numel()} tokens make {count} sequences of seq={seq}; "
                 f"batch={batch} needs at least {batch}"
             )
-        from fp8lab.layers import resolve_device
+        from fp8lab.devices import resolve_device
 
         self.device = resolve_device(device) or torch.device("cpu")
         windows = tokens.long()[: count * seq + 1].unfold(0, seq + 1, seq)  # [N, S + 1]

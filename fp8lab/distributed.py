@@ -488,23 +488,13 @@ def launch(
 
 
 def _lane_stamp(machine: dict, preset: str) -> dict:
-    """A GPU-lane stamp (tools/lane.py of the book's checkout) for a file of results."""
-    if not (ROOT / "tools" / "lane.py").exists():
-        return {}
-    added = str(ROOT) not in sys.path
-    if added:
-        sys.path.insert(0, str(ROOT))
-    try:
-        from tools import lane
-    except ImportError:
-        return {}
-    finally:
-        if added:
-            sys.path.remove(str(ROOT))
+    """A stamp (:mod:`fp8lab.stamp`) for a file of results: the modules the worker imports."""
+    from fp8lab import stamp
+
     notebook = {"cells": [{"cell_type": "code", "source": f"import {WORKER}, fp8lab.distributed"}]}
-    modules = lane.library_modules(notebook)
     keys = ("gpu_name", "gpu_count", "compute_capability", "torch", "cuda", "transformer_engine")
-    record = lane.stamp_record(modules, {k: machine.get(k) for k in keys})
+    keys += ("cudnn", "cudnn_torch")
+    record = stamp.stamp_record(stamp.library_modules(notebook), {k: machine.get(k) for k in keys})
     record["preset"] = preset
     return record
 

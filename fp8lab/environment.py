@@ -7,6 +7,16 @@ Transformer Engine (TE) or the CPU reference, FP8 support and the size preset.
 FP8 tensor cores arrived with compute capability 8.9 (Ada) and 9.0 (Hopper);
 TE refuses FP8 below that, and so does :attr:`Environment.fp8_supported`.
 
+**One cuDNN per process.** Transformer Engine loads cuDNN itself, looking first in
+``CUDNN_HOME``, ``CUDNN_PATH``, ``CUDA_HOME``, ``CUDA_PATH``, ``/usr/local/cuda`` and the
+system's library path, and only then in the Python packages (TE 2.20,
+``transformer_engine/common/__init__.py``, ``_load_cuda_library``). On a machine with a system
+cuDNN older than the one PyTorch ships, TE maps the system's beside PyTorch's and both end up
+calling the older one: ``torch.backends.cudnn.version()`` then raises, and FP8 attention gives
+wrong, nondeterministic answers. :attr:`Environment.cudnn` reports the cuDNN TE loaded, the one
+torch was built with, and every ``libcudnn`` file mapped into the process; :func:`import_te`
+refuses a mixed process and says how to fix it.
+
 The preset picks problem sizes: ``smoke`` keeps a notebook under a minute on
 two CPU cores, ``full`` is meant for one H200-class GPU. ``FP8LAB_PRESET``
 overrides the default (``full`` with a CUDA GPU, ``smoke`` without).
@@ -17,6 +27,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,13 +43,46 @@ T = TypeVar("T")
 __all__ = [
     "PRESETS",
     "PRESET_VARIABLE",
+    "CudnnReport",
     "Environment",
     "banner",
     "by_preset",
     "detect",
     "import_te",
     "preset",
+    "require_one_cudnn",
+    "setup",
 ]
+
+
+@dataclass(frozen=True)
+class CudnnReport:
+    """Which cuDNN this process uses: ``torch_built`` (the version torch was compiled against),
+    ``torch_runtime`` (what torch finds at run time, or why it refuses), ``te_loaded`` (what TE's
+    library calls), ``libraries`` (every distinct ``libcudnn.so`` file mapped, real paths)."""
+
+    torch_built: str | None
+    torch_runtime: str | None
+    te_loaded: str | None
+    libraries: tuple[str, ...] = ()
+
+    @property
+    def problem(self) -> str | None:
+        """Why this process has more than one cuDNN (``None`` when it has one, or none)."""
+        if len(self.libraries) > 1:
+            return f"two cuDNN libraries are mapped: {', '.join(self.libraries)}"
+        if self.torch_runtime is not None and not self.torch_runtime[:1].isdigit():
+            return self.torch_runtime
+        if self.te_loaded and self.torch_runtime and self.te_loaded != self.torch_runtime:
+            return f"TE calls cuDNN {self.te_loaded}, torch {self.torch_runtime}"
+        return None
+
+    def describe(self) -> str:
+        if self.te_loaded is None and self.torch_built is None:
+            return "none"
+        shown = self.te_loaded or self.torch_runtime or self.torch_built
+        built = f" (torch built with {self.torch_built})" if self.torch_built != shown else ""
+        return f"{shown}{built}" + (" MIXED" if self.problem else "")
 
 
 @dataclass(frozen=True)
@@ -52,6 +96,8 @@ class Environment:
     compute_capability: tuple[int, int] | None
     te_version: str | None
     te_problem: str | None
+    cuda_version: str | None = None
+    cudnn: CudnnReport = CudnnReport(None, None, None)
 
     @property
     def fp8_supported(self) -> bool:
@@ -87,6 +133,44 @@ def _import_te_version() -> tuple[str | None, str | None]:
     return transformer_engine.__version__, None
 
 
+def _version(parts) -> str:
+    return ".".join(str(int(p)) for p in parts)
+
+
+def _mapped_cudnn() -> tuple[str, ...]:
+    """Real paths of the ``libcudnn.so*`` files mapped into this process (Linux)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if re.search(r"/libcudnn\.so", line)}
+    except OSError:
+        return ()
+    return tuple(sorted({os.path.realpath(path) for path in paths}))
+
+
+def _cudnn_report(te_version: str | None) -> CudnnReport:
+    if not torch.cuda.is_available():
+        return CudnnReport(None, None, None)
+    try:
+        built = _version(torch._C._cudnn.getCompileVersion())
+    except (AttributeError, RuntimeError):
+        built = None
+    try:
+        runtime = torch.backends.cudnn.version()
+        runtime = (
+            None
+            if runtime is None
+            else f"{runtime // 10000}.{runtime % 10000 // 100}.{runtime % 100}"
+        )
+    except RuntimeError as error:  # torch refuses a cuDNN older than the one it was built with
+        runtime = str(error).splitlines()[0]
+    te_loaded = None
+    if te_version is not None:
+        import transformer_engine.pytorch as te
+
+        te_loaded = _version(te.get_cudnn_version())
+    return CudnnReport(built, runtime, te_loaded, _mapped_cudnn())
+
+
 @functools.lru_cache(maxsize=1)
 def detect() -> Environment:
     """Look at the machine once; later calls return the same snapshot."""
@@ -100,6 +184,24 @@ def detect() -> Environment:
         compute_capability=torch.cuda.get_device_capability() if cuda else None,
         te_version=te_version,
         te_problem=te_problem,
+        cuda_version=torch.version.cuda if cuda else None,
+        cudnn=_cudnn_report(te_version),
+    )
+
+
+def require_one_cudnn(env: Environment | None = None) -> None:
+    """Raise ``RuntimeError`` (with the fix) where this process has more than one cuDNN."""
+    env = detect() if env is None else env
+    problem = env.cudnn.problem
+    if problem is None:
+        return
+    raise RuntimeError(
+        f"Two cuDNN versions in one process ({problem}). Transformer Engine loads cuDNN from "
+        "CUDNN_HOME, CUDNN_PATH, CUDA_HOME or the system's library path before PyTorch's own, "
+        "and a mixed process gives wrong FP8 attention. Point TE at PyTorch's cuDNN before "
+        "starting Python: export CUDNN_HOME=$(python -c 'import nvidia.cudnn, os; "
+        "print(os.path.dirname(nvidia.cudnn.__file__))') (or remove the system cuDNN), then "
+        "check with: python -m fp8lab.doctor"
     )
 
 
@@ -127,7 +229,7 @@ def banner() -> str:
     from fp8lab import __version__
 
     if env.uses_real_te:
-        te = f"Transformer Engine {env.te_version}"
+        te = f"Transformer Engine {env.te_version} | cuDNN {env.cudnn.describe()}"
         fp8 = "yes" if env.fp8_supported else "no (needs sm_89+)"
     else:
         te = "Transformer Engine: CPU reference"
@@ -148,6 +250,7 @@ def import_te() -> tuple[Any, Any]:
     """
     env = detect()
     if env.uses_real_te:
+        require_one_cudnn(env)
         return (
             importlib.import_module("transformer_engine.pytorch"),
             importlib.import_module("transformer_engine.common.recipe"),
@@ -161,3 +264,14 @@ def import_te() -> tuple[Any, Any]:
     from fp8lab import reference
 
     return reference, reference.recipe
+
+
+def setup() -> tuple[Any, Any, Environment]:
+    """What every chapter's first cell does: print the banner, set the book's plot style, and
+    return ``(te, recipe, env)`` (real TE on a GPU box, the CPU reference elsewhere)."""
+    from fp8lab.book import plot_style
+
+    print(banner())
+    plot_style()
+    te, recipe = import_te()
+    return te, recipe, detect()

@@ -33,6 +33,7 @@ from torch import nn
 
 from fp8lab import checks
 from fp8lab.config import TransformerConfig, require_config
+from fp8lab.devices import resolve_device
 
 __all__ = [
     "ATTENTION_IMPLS",
@@ -48,7 +49,6 @@ __all__ = [
     "canonical_state_dict",
     "load_canonical_state_dict",
     "make_norm",
-    "resolve_device",
     "resolve_dtype",
     "rotary_angles",
     "te_linear",
@@ -122,23 +122,6 @@ def apply_rotary(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     first, second = x.chunk(2, dim=-1)
     rotated = torch.cat([-second, first], dim=-1)
     return (x.float() * angles.cos() + rotated.float() * angles.sin()).to(x.dtype)
-
-
-def resolve_device(device) -> torch.device | None:
-    """``device`` as a ``torch.device`` (None stays None); a clear error for names torch does not
-    know
-    (``"gpu"``) and for CUDA on a machine without it."""
-    if device is None:
-        return None
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(
-            f"device={device!r}: not a torch device, such as 'cpu' or 'cuda' ({error})"
-        ) from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r}: this machine has no CUDA GPU")
-    return resolved
 
 
 def resolve_dtype(params_dtype) -> torch.dtype:

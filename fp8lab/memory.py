@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from fp8lab import checks
 from fp8lab.config import TransformerConfig, require_config
 from fp8lab.flops import RECOMPUTE, layer_parameters
+from fp8lab.parts import Part, Saved
 
 __all__ = [
     "ADAMW_IMPLS",
@@ -63,8 +64,6 @@ __all__ = [
     "MemoryNode",
     "OPTIMIZERS",
     "PRECISIONS",
-    "Part",
-    "Saved",
     "WEIGHTS",
     "Weights",
     "backward_transients",
@@ -125,52 +124,6 @@ NORM_STATS_BYTES = {"LayerNorm": 8, "RMSNorm": 4}
 # dequantized (2 bytes) or cloned parameter, then an FP32 copy (4): 6 bytes/parameter of one
 # parameter at a time, while the previous parameters' states already exist.
 MASTER_INIT_BYTES_PER_PARAMETER = 6
-
-
-class Part:
-    """Names of the tree's parts (a misspelt constant raises, a misspelt string would not)."""
-
-    TRAINING_STATE = "training state"
-    PARAMETERS = "parameters"
-    GRADIENTS = "gradients"
-    MASTER_WEIGHTS = "master weights"
-    OPTIMIZER_STATES = "optimizer states"
-    FP8_EXTRAS = "TE FP8 extras"
-    SCALING_STATE = "scales and amax histories"
-    FP8_WEIGHT_COPIES = "FP8 weight copies (saved for backward)"
-    AUTOCAST_COPIES = "BF16 weight copies (torch.autocast)"
-    ACTIVATIONS = "activations"
-    CHECKPOINTS = "layer inputs (checkpoints)"
-    RECOMPUTED_LAYER = "one layer, recomputed"
-    OUTPUT_AND_GRADIENT = "output and its gradient"
-    HEAD_INPUTS = "final norm and LM-head inputs"
-    LOGITS = "logits and loss"
-    HELD_LOGITS = "logits (held until backward returns)"
-    LOG_PROBS = "log-probabilities (saved by cross-entropy)"
-    LOSS_COPIES = "FP32 copies of the logits (loss forward)"
-    LOSS_GRADIENTS = "two logit gradients (cross-entropy backward)"
-    TEMPORARIES = "temporaries"
-    OPTIMIZER_TEMPORARIES = "optimizer step temporaries"
-    CUBLAS_WORKSPACE = "TE cuBLAS workspace"
-    CUDA_CONTEXT = "CUDA context (outside max_memory_allocated)"
-
-
-class Saved:
-    """Names of the tensors one TE ``TransformerLayer`` saves for its backward."""
-
-    ATTN_NORM_INPUT = "attention norm input"
-    QKV_INPUT = "qkv input (norm output)"
-    QKV_INPUT_FP8_ROWWISE = "qkv input (FP8 row-wise copy)"
-    QKV = "q, k, v"
-    ATTN_OUTPUT = "attention output"
-    ATTN_DROPOUT_MASK = "attention-output dropout mask"
-    PROJ_INPUT_FP8 = "proj input (FP8 copy)"
-    SCORES = "softmax, dropout mask and output (S x S)"
-    MLP_NORM_INPUT = "mlp norm input"
-    FC1_INPUT = "fc1 input (norm output)"
-    FC1_OUTPUT = "fc1 output (pre-activation)"
-    FC2_INPUT = "fc2 input (activation output)"
-    MLP_DROPOUT_MASK = "mlp dropout mask"
 
 
 # Saved tensors each TE module frees when its backward ends, in the order the backward reaches

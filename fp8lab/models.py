@@ -12,12 +12,12 @@ from torch import nn
 
 from fp8lab import checks
 from fp8lab.config import TransformerConfig, require_config
+from fp8lab.devices import resolve_device
 from fp8lab.layers import (
     build_layer,
     canonical_state_dict,
     load_canonical_state_dict,
     make_norm,
-    resolve_device,
     resolve_dtype,
     rotary_angles,
 )

@@ -29,7 +29,7 @@ The step records its time on the device (CUDA events; all micro-batches, the han
 optimizer, and the optimizer alone) and the peak of ``torch.cuda.max_memory_allocated`` over the
 step; :func:`time_step` repeats it into a :class:`fp8lab.speedometer.Timing`, and
 :func:`training_state_bytes` counts the bytes of parameters, gradients, master weights and
-optimizer states that a model and its optimizer hold, under :class:`fp8lab.memory.Part` names.
+optimizer states that a model and its optimizer hold, under :class:`fp8lab.parts.Part` names.
 
 :func:`train` runs many steps and returns the loss of each: BF16 autocast on a GPU (FP32 on a
 CPU, where BF16 matmuls are slow and not what the chapter is about), cross-entropy in FP32
@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from fp8lab import checks
+from fp8lab.parts import CACHE_WORKSPACES, Part
 
 __all__ = [
     "CACHE_WORKSPACES",
@@ -73,8 +74,6 @@ __all__ = [
 ]
 
 GRAD_ACCUMULATION = ("param", "fp32_buffer", "fused")
-# The part of training_state_bytes() beside memory.Part's: FP8 weight copies kept between steps
-CACHE_WORKSPACES = "FP8 weight caches (is_first_microbatch)"
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -582,13 +581,11 @@ def _storage_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
 def training_state_bytes(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> dict[str, int]:
-    """Bytes the model and its optimizer hold now, by part, under :class:`fp8lab.memory.Part`
+    """Bytes the model and its optimizer hold now, by part, under :class:`fp8lab.parts.Part`
     names: parameters (an FP8 weight's data and transpose), gradients (``.grad`` and
     ``main_grad``), master weights (the optimizer's ``master_param``), optimizer states (every
     other tensor of its state), and the FP8 weight copies that TE modules keep between steps when
     ``is_first_microbatch`` is used. A tensor shared by two names counts once."""
-    from fp8lab.memory import Part
-
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):

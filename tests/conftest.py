@@ -26,6 +26,8 @@ def fake_machine() -> dict:
         "torch": "2.11.0",
         "cuda": "13.0",
         "transformer_engine": "2.20.2",
+        "cudnn": "9.19.0",
+        "cudnn_torch": "9.19.0",
     }
 
 

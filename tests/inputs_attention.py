@@ -133,10 +133,6 @@ ENTRIES = {
     ),
     "attention.explicit_attention": Entry(_explicit, **ATTENTION_CALL),
     "attention.sdpa_attention": Entry(_sdpa, **ATTENTION_CALL),
-    "attention.kernel_family": Entry(
-        attention.kernel_family,
-        {"names": maybe(st.sampled_from([["aten::bmm", "aten::_softmax"], ["fmha_cutlassF"], []]))},
-    ),
     "attention.backend_context": Entry(
         _context,
         {

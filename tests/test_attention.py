@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from fp8lab import attention, flops
+from fp8lab import attention, flops, profiling
 from fp8lab.config import TransformerConfig
 from fp8lab.reference.attention import DotProductAttention, allowed_keys, check_set_window_size
 
@@ -377,9 +377,9 @@ FAST = {"warmup": 0, "iters": 2}
 
 def test_rows_name_what_ran_on_the_cpu():
     math_row = attention.measure("sdpa_math", SMALL, **FAST)
-    assert math_row.ok and math_row.family == attention.UNFUSED and math_row.confirmed
+    assert math_row.ok and math_row.family == profiling.UNFUSED and math_row.confirmed
     flash_row = attention.measure("sdpa_flash", SMALL, **FAST)
-    assert flash_row.family == attention.FLASH_TORCH and flash_row.confirmed
+    assert flash_row.family == profiling.FLASH_TORCH and flash_row.confirmed
     explicit_row = attention.measure("explicit", SMALL, **FAST)
     assert explicit_row.confirmed and explicit_row.tflops > 0
     row = explicit_row.as_row()
@@ -440,38 +440,38 @@ def test_forward_mode_and_module_parameters():
                 "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1",
                 "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_7",
             ],
-            attention.CUDNN,
+            profiling.CUDNN,
         ),
         (
             ["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>"],
-            attention.FLASH_TORCH,
+            profiling.FLASH_TORCH,
         ),
         (
             ["flash_fwd_kernel<Flash_fwd_kernel_traits>", "flash_bwd_dot_do_o_kernel"],
-            attention.FLASH_PACKAGE,
+            profiling.FLASH_PACKAGE,
         ),
         (
             ["fmha_cutlassF_bf16_aligned_64x64_rf_sm80(...)", "fmha_cutlassB_bf16"],
-            attention.EFFICIENT,
+            profiling.EFFICIENT,
         ),
         (
             ["sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8", "cunn_SoftMaxForward<4>"],
-            attention.UNFUSED,
+            profiling.UNFUSED,
         ),
         (
             [
                 "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT",
                 "scaled_upper_triang_masked_softmax_warp_forward",
             ],
-            attention.UNFUSED,
+            profiling.UNFUSED,
         ),
-        (["aten::bmm", "aten::_softmax"], attention.UNFUSED),
-        (["vectorized_elementwise_kernel"], attention.OTHER),
-        ([], attention.OTHER),
+        (["aten::bmm", "aten::_softmax"], profiling.UNFUSED),
+        (["vectorized_elementwise_kernel"], profiling.OTHER),
+        ([], profiling.OTHER),
     ],
 )
 def test_kernel_families(names, family):
-    assert attention.kernel_family(names) == family
+    assert profiling.kernel_family(names) == family
 
 
 @pytest.fixture

@@ -51,3 +51,14 @@ def test_progress_is_silent_inside_a_jupyter_kernel(monkeypatch):
     monkeypatch.delitem(sys.modules, "ipykernel")
     assert book.progress(range(3)).disable is False
     assert list(book.progress(range(3))) == [0, 1, 2]
+
+
+def test_glue_takes_several_values_at_once(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(book, "_glue_one", lambda name, value, display: seen.update({name: value}))
+    book.glue(speed="1.5", memory=3)
+    assert seen == {"speed": "1.5", "memory": 3}
+    with pytest.raises(TypeError, match="not both"):
+        book.glue("x", 1, y=2)
+    with pytest.raises(TypeError, match="name=value"):
+        book.glue()

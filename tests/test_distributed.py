@@ -256,11 +256,11 @@ def test_the_worker_refuses_to_run_outside_torchrun(tmp_path):
 
 
 def test_committed_multi_gpu_results_are_stamped(root):
-    from tools import lane
+    from fp8lab import stamp as stamp_module
 
     files = sorted((root / "notebooks" / "results").glob("08_parallelism_*gpu.json"))
     for path in files:
         gpus = int(path.stem.split("_")[-1].removesuffix("gpu"))
-        stamp = distributed.load(path).stamp
-        assert lane.record_problems(stamp, path.name, gpus=gpus) == []
-        assert not math.isnan(float(stamp.get("gpu_count", math.nan)))
+        record = distributed.load(path).stamp
+        assert stamp_module.record_status(record, path.name, gpus=gpus).broken == ()
+        assert not math.isnan(float(record.get("gpu_count", math.nan)))

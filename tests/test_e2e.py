@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fp8lab import flops
+from fp8lab import stamp as lane
 from fp8lab.config import preset_config
-from tools import lane
 from tools import train_e2e as e2e
 
 EXPECTED = e2e.expected_files()
@@ -31,7 +31,7 @@ def test_committed_outputs_come_from_the_gpu_lane(name):
         "commands, and commit their files under tests/gpu_results/e2e/"
     )
     record = json.loads(path.read_text())
-    assert lane.record_problems(record.get("stamp"), name) == []
+    assert lane.record_status(record.get("stamp"), name).broken == ()
     assert record["steps_run"] == record["steps_planned"] or record["error"]
 
 
@@ -167,9 +167,9 @@ def test_a_stamp_covers_this_script_and_the_library_it_imports(tmp_path, monkeyp
     modules = e2e.result_modules()
     assert {"tools.train_e2e", "fp8lab.corpus", "fp8lab.training", "fp8lab.models"} <= set(modules)
     stamp = lane.stamp_record(modules, fake_machine, run_seconds=1.0)
-    assert lane.record_problems(stamp, "r.json") == []
-    monkeypatch.setattr(lane, "library_hash", lambda modules, root=lane.ROOT: "0" * 64)
-    assert any("changed since" in p for p in lane.record_problems(stamp, "r.json"))
+    assert lane.record_status(stamp, "r.json").state == lane.FRESH
+    monkeypatch.setattr(lane, "module_hashes", lambda modules, root=lane.ROOT: dict.fromkeys(modules, "0"))
+    assert lane.record_status(stamp, "r.json").state == lane.PENDING
 
 
 def test_whole_plan_runs_on_a_gpu_are_stamped_failures_included(monkeypatch, fake_machine):
@@ -179,7 +179,7 @@ def test_whole_plan_runs_on_a_gpu_are_stamped_failures_included(monkeypatch, fak
     gpu = SimpleNamespace(on_gpu=True, preset="full")
     whole = {"steps_requested": 300, "steps_planned": 300, "error": None, "wall_s": 9.0}
     diverged = dict(whole, error="non-finite loss by step 40: stopped")
-    assert lane.record_problems(e2e.Bench._stamp(gpu, whole), "r.json") == []
+    assert lane.record_status(e2e.Bench._stamp(gpu, whole), "r.json").broken == ()
     assert e2e.Bench._stamp(gpu, diverged) is not None  # a diverged run is a result too
     assert e2e.Bench._stamp(gpu, dict(whole, steps_requested=60)) is None  # cut short
     cpu = SimpleNamespace(on_gpu=False, preset="full")

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from tools import e2e_speed, lane
+from fp8lab import stamp as lane
+from tools import e2e_speed
 from tools import train_e2e as e2e
 
 IN_THE_BOOK = any(p.name == "09_end_to_end.ipynb" for p in lane.toc_notebooks())
@@ -16,7 +17,7 @@ def test_the_committed_speed_file_comes_from_the_gpu_lane():
     path = e2e_speed.RESULTS_FILE
     assert path.exists(), "no e2e_speed.json; on a GPU box run python -m tools.e2e_speed"
     record = json.loads(path.read_text())
-    assert lane.record_problems(record.get("stamp"), path.name) == []
+    assert lane.record_status(record.get("stamp"), path.name).broken == ()
     for model, groups in e2e_speed.GROUPS.items():
         measured = [group["settings"] for group in record["models"][model]["groups"]]
         assert measured == [list(group) for group in groups]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import hypothesis.strategies as st
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -36,6 +37,7 @@ from fp8lab import (
     config,
     data,
     datasheet,
+    devices,
     environment,
     flops,
     formats,
@@ -155,6 +157,10 @@ def _markov(vocab_size, branching, batch, seq):
 
 def _progress(total):
     return list(book.progress(range(3), desc="d", total=total))
+
+
+def _profile_idle(warmup, iters):
+    return profiling.profile(lambda: torch.ones(4) * 2, warmup=warmup, iters=iters).idle_fraction
 
 
 def _time_breakdown(warmup, iters):
@@ -570,8 +576,9 @@ ENTRIES: dict[str, Entry] = {
         {"cfg": maybe(st.sampled_from([TINY, TINY_GQA]))},
         signed=True,
     ),
-    "layers.resolve_device": Entry(
-        layers.resolve_device, {"device": maybe(st.sampled_from(["cpu", None, "gpu"]))}
+    "devices.default_device": Entry(lambda: devices.default_device().type, {}, examples=1),
+    "devices.resolve_device": Entry(
+        devices.resolve_device, {"device": maybe(st.sampled_from(["cpu", None, "gpu"]))}
     ),
     "layers.resolve_dtype": Entry(
         layers.resolve_dtype, {"params_dtype": maybe(st.sampled_from([torch.float32, torch.int64]))}
@@ -720,6 +727,16 @@ ENTRIES: dict[str, Entry] = {
     "profiling.categorize": Entry(
         profiling.categorize, {"name": maybe(st.sampled_from(["gemm", "softmax", "x"]))}
     ),
+    "profiling.kernel_family": Entry(
+        profiling.kernel_family,
+        {"names": maybe(st.sampled_from([["cudnn_fmha"], ["gemm", "softmax"], ["x"]]))},
+    ),
+    "profiling.union_length": Entry(
+        profiling.union_length, {"intervals": st.sampled_from([[(0.0, 1.0), (0.5, 2.0)], []])}
+    ),
+    "profiling.profile": Entry(
+        _profile_idle, {"warmup": maybe(ints(0, 1)), "iters": maybe(ints(1, 2))}, examples=10
+    ),
     "profiling.time_breakdown": Entry(
         _time_breakdown, {"warmup": maybe(ints(0, 1)), "iters": maybe(ints(1, 2))}, examples=10
     ),
@@ -729,6 +746,19 @@ ENTRIES: dict[str, Entry] = {
     "book.glue": Entry(
         lambda name: book.glue(name, 1.0), {"name": maybe(st.just("a"))}, examples=10
     ),
+    "book.table": Entry(
+        lambda frame, formats, caption, index: len(
+            book.table(frame, formats, caption=caption, index=index).to_html()
+        ),
+        {
+            "frame": maybe(st.just(pd.DataFrame({"ms": [1.0, float("nan")]}))),
+            "formats": maybe(st.sampled_from([None, "{:.1f}", {"ms": "{:.2f}"}])),
+            "caption": maybe(st.sampled_from([None, "Step time"])),
+            "index": maybe(st.booleans()),
+        },
+        examples=20,
+    ),
+    "environment.setup": Entry(lambda: len(environment.setup()), {}, examples=1),
     "book.progress": Entry(_progress, {"total": maybe(st.sampled_from([None, 3]))}, examples=10),
     "book.plot_style": Entry(book.plot_style, {}, examples=2),
     "environment.by_preset": Entry(
@@ -759,8 +789,9 @@ NOT_CALLED = {
     "memory.CUDA_CONTEXT",
     "memory.OPTIMIZERS",
     "memory.PRECISIONS",
-    "memory.Part",
-    "memory.Saved",
+    "parts.CACHE_WORKSPACES",
+    "parts.Part",
+    "parts.Saved",
     "memory.WEIGHTS",
     "formats.DTYPES",
     "formats.Encoding",
@@ -773,12 +804,22 @@ NOT_CALLED = {
     "speedometer.MODES",
     "capture.KINDS",
     "profiling.CATEGORIES",
+    "profiling.FAMILIES",
+    "profiling.Kernel",
+    "profiling.Profile",
     "environment.PRESETS",
     "environment.PRESET_VARIABLE",
     "book.PLOT_STYLE",
     "ceilings.CopyResult",
     "ceilings.MatmulResult",
     "formats.FP32_MAX",
+    "checks.show",  # formats any value for a message; it takes no input it could reject
+    "stamp.BROKEN",
+    "stamp.FRESH",
+    "stamp.PENDING",
+    # writes a notebook (tested in tests/test_lane.py) / needs a CUDA GPU with TE
+    "stamp.stamp_notebook",
+    "stamp.where_it_runs",
 }
 BAD_ERRORS = (
     KeyError,

@@ -1,14 +1,16 @@
-"""The GPU-lane stamp: every chapter's committed outputs came from a GPU with TE, from its current
-code and from the fp8lab code it imports now."""
+"""Stamps: every chapter's committed outputs came from a GPU with TE and from its current code
+cells (else broken); a library change since the run makes them pending, not broken."""
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 
-from tools import lane
+from fp8lab import stamp
 
-CHAPTERS = lane.toc_notebooks()
+CHAPTERS = stamp.toc_notebooks()
 
 
 def test_the_toc_lists_chapters():
@@ -17,57 +19,62 @@ def test_the_toc_lists_chapters():
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
 def test_committed_outputs_come_from_the_gpu_lane(path):
-    assert lane.problems(path) == []
+    """Fresh or pending; never broken (no stamp, CPU stamp, changed code cells, errors)."""
+    assert stamp.notebook_status(path).broken == ()
 
 
 def _copy_of_chapter(tmp_path):
     target = tmp_path / "chapter.ipynb"
     shutil.copy(CHAPTERS[0], target)
+    notebook = stamp.read(target)
+    for cell in notebook["cells"]:  # the copy may be unexecuted; give it execution counts
+        if cell["cell_type"] == "code":
+            cell["execution_count"] = cell.get("execution_count") or 1
+            cell["outputs"] = [o for o in cell.get("outputs", []) if o["output_type"] != "error"]
+    target.write_text(json.dumps(notebook))
     return target
 
 
 def test_changing_a_code_cell_breaks_the_stamp(tmp_path, fake_machine):
     path = _copy_of_chapter(tmp_path)
-    lane.stamp(path, machine=fake_machine)
-    notebook = lane.read(path)
-    for cell in notebook["cells"]:  # the copy may be unexecuted; give it execution counts
-        if cell["cell_type"] == "code":
-            cell["execution_count"] = cell.get("execution_count") or 1
-    path.write_text(json.dumps(notebook))
-    assert lane.problems(path) == []
+    stamp.stamp_notebook(path, machine=fake_machine)
+    assert stamp.notebook_status(path).state == stamp.FRESH
+    notebook = stamp.read(path)
     code_cell = next(cell for cell in notebook["cells"] if cell["cell_type"] == "code")
     code_cell["source"] = "".join(code_cell["source"]) + "\nprint('changed')"
     path.write_text(json.dumps(notebook))
-    assert any("code cells changed" in problem for problem in lane.problems(path))
+    status = stamp.notebook_status(path)
+    assert status.state == stamp.BROKEN
+    assert any("code cells changed" in reason for reason in status.broken)
 
 
 def test_markdown_edits_and_trailing_space_keep_the_stamp(tmp_path):
     path = _copy_of_chapter(tmp_path)
-    notebook = lane.read(path)
-    before = lane.code_hash(notebook)
+    notebook = stamp.read(path)
+    before = stamp.code_hash(notebook)
     next(c for c in notebook["cells"] if c["cell_type"] == "markdown")["source"] += "\nMore prose."
     next(c for c in notebook["cells"] if c["cell_type"] == "code")["source"] += "\n   \n"
-    assert lane.code_hash(notebook) == before
+    assert stamp.code_hash(notebook) == before
 
 
-def test_missing_stamp_error_output_and_cpu_stamp_are_reported(tmp_path, fake_machine):
+def test_missing_stamp_error_output_and_cpu_stamp_are_broken(tmp_path, fake_machine):
     path = _copy_of_chapter(tmp_path)
-    notebook = lane.read(path)
-    notebook["metadata"].pop(lane.STAMP_KEY, None)
+    notebook = stamp.read(path)
+    notebook["metadata"].pop(stamp.STAMP_KEY, None)
     path.write_text(json.dumps(notebook))
-    assert "no GPU stamp" in lane.problems(path)[0]
+    assert "no GPU stamp" in stamp.notebook_status(path).broken[0]
 
-    lane.stamp(path, machine=dict(fake_machine, transformer_engine=None))
-    assert any("does not name a CUDA GPU" in p for p in lane.problems(path))
+    stamp.stamp_notebook(path, machine=dict(fake_machine, transformer_engine=None))
+    assert any("does not name a CUDA GPU" in p for p in stamp.notebook_status(path).broken)
 
-    lane.stamp(path, machine=fake_machine)
-    notebook = lane.read(path)
+    stamp.stamp_notebook(path, machine=fake_machine)
+    notebook = stamp.read(path)
     cell = next(c for c in notebook["cells"] if c["cell_type"] == "code")
     cell["outputs"] = [
         {"output_type": "error", "ename": "RuntimeError", "evalue": "boom", "traceback": []}
     ]
     path.write_text(json.dumps(notebook))
-    assert any("error output" in p for p in lane.problems(path))
+    assert any("error output" in p for p in stamp.notebook_status(path).broken)
 
 
 def test_stamping_refuses_without_a_gpu():
@@ -76,7 +83,7 @@ def test_stamping_refuses_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        lane.where_it_runs()
+        stamp.where_it_runs()
 
 
 def test_library_modules_follow_imports_transitively():
@@ -85,7 +92,7 @@ def test_library_modules_follow_imports_transitively():
             {"cell_type": "code", "source": "from fp8lab.memory import estimate\nimport fp8lab"}
         ]
     }
-    modules = lane.library_modules(notebook)
+    modules = stamp.library_modules(notebook)
     assert {"fp8lab", "fp8lab.memory", "fp8lab.flops", "fp8lab.config", "fp8lab.checks"} <= set(
         modules
     )
@@ -94,35 +101,89 @@ def test_library_modules_follow_imports_transitively():
     assert "fp8lab.speedometer" not in modules
 
 
+def test_relative_imports_inside_a_subpackage_are_followed(tmp_path):
+    package = tmp_path / "fp8lab"
+    (package / "kit").mkdir(parents=True)
+    (package / "__init__.py").write_text("_LAZY = {}\n")
+    (package / "kit" / "__init__.py").write_text("from .part import thing\n")
+    (package / "kit" / "part.py").write_text("from ..base import x\nthing = x\n")
+    (package / "base.py").write_text("x = 1\n")
+    notebook = {"cells": [{"cell_type": "code", "source": "from fp8lab.kit import thing"}]}
+    assert stamp.library_modules(notebook, root=tmp_path) == [
+        "fp8lab",
+        "fp8lab.base",
+        "fp8lab.kit",
+        "fp8lab.kit.part",
+    ]
+
+
 def test_library_hash_ignores_docstrings_and_comments_but_not_code(tmp_path):
     package = tmp_path / "fp8lab"
     package.mkdir()
     (package / "__init__.py").write_text('"""Doc."""\n_LAZY = {}\n')
     module = package / "thing.py"
     module.write_text('"""Module doc."""\n\ndef f(x):\n    """Doc."""\n    return x + 1  # one\n')
-    before = lane.library_hash(["fp8lab.thing"], root=tmp_path)
+    before = stamp.library_hash(["fp8lab.thing"], root=tmp_path)
     module.write_text(
         '"""Other doc,\nlonger."""\n\n\ndef f(x):\n    """New doc."""\n    # a comment\n'
         "    return x + 1\n"
     )
-    assert lane.library_hash(["fp8lab.thing"], root=tmp_path) == before
+    assert stamp.library_hash(["fp8lab.thing"], root=tmp_path) == before
     module.write_text('"""Module doc."""\n\ndef f(x):\n    return x + 2\n')
-    assert lane.library_hash(["fp8lab.thing"], root=tmp_path) != before
+    assert stamp.library_hash(["fp8lab.thing"], root=tmp_path) != before
 
 
-def test_a_changed_library_breaks_the_stamp(tmp_path, monkeypatch, fake_machine):
+def test_a_changed_library_makes_the_outputs_pending_and_names_the_module(
+    tmp_path, monkeypatch, fake_machine
+):
     path = _copy_of_chapter(tmp_path)
-    lane.stamp(path, machine=fake_machine)
-    record = lane.read(path)["metadata"][lane.STAMP_KEY]
+    stamp.stamp_notebook(path, machine=fake_machine)
+    record = stamp.read(path)["metadata"][stamp.STAMP_KEY]
     assert record["library_modules"] and len(record["library_sha256"]) == 64
-    monkeypatch.setattr(lane, "library_hash", lambda modules, root=lane.ROOT: "0" * 64)
-    assert any("fp8lab modules it imports" in p for p in lane.problems(path))
+    hashes = stamp.module_hashes
+
+    def one_changed(modules, root=stamp.ROOT):
+        return {**hashes(modules, root), "fp8lab.flops": "0" * 64}
+
+    monkeypatch.setattr(stamp, "module_hashes", one_changed)
+    status = stamp.notebook_status(path)
+    assert status.state == stamp.PENDING and status.changed == ("fp8lab.flops",)
+    assert "fp8lab.flops" in status.page_note() and "re-run pending" in status.page_note()
+
+
+def test_a_stamp_without_one_cudnn_is_pending(tmp_path, fake_machine):
+    path = _copy_of_chapter(tmp_path)
+    old = {k: v for k, v in fake_machine.items() if not k.startswith("cudnn")}
+    stamp.stamp_notebook(path, machine=old)
+    assert "cuDNN" in stamp.notebook_status(path).pending[0]
+    stamp.stamp_notebook(path, machine=dict(fake_machine, cudnn="9.14.0"))
+    assert "two cuDNNs" in stamp.notebook_status(path).pending[0]
 
 
 def test_a_stamp_must_record_the_gpus_a_chapter_needs(tmp_path, fake_machine):
     path = _copy_of_chapter(tmp_path)
-    notebook = lane.read(path)
-    notebook["metadata"][lane.GPUS_KEY] = 2
+    notebook = stamp.read(path)
+    notebook["metadata"][stamp.GPUS_KEY] = 2
     path.write_text(json.dumps(notebook))
-    lane.stamp(path, machine=fake_machine)
-    assert any("it needs 2" in p for p in lane.problems(path))
+    stamp.stamp_notebook(path, machine=fake_machine)
+    assert any("it needs 2" in p for p in stamp.notebook_status(path).broken)
+
+
+def test_check_stamps_lists_every_chapter_and_passes_when_none_is_broken(root):
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.lane", "check"], cwd=root, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for path in CHAPTERS:
+        assert path.name in done.stdout
+    assert "broken" in done.stdout.splitlines()[-1]
+
+
+def test_the_lane_cli_refuses_a_missing_notebook(root):
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.lane", "check", "notebooks/nope.ipynb"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "no such notebook" in done.stderr

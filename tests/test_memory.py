@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 from fp8lab import memory
+from fp8lab import stamp as stamps
 from fp8lab.config import TransformerConfig, preset_config
 from fp8lab.flops import RECOMPUTE, layer_parameters, parameter_count
 from fp8lab.memory import WEIGHTS, Part
-from tools import lane
 from tools.memory_check import FITS, MATRICES, MODELS, Config, stamp_path, summarise
 
 RESULTS = Path(__file__).parent / "gpu_results"
@@ -499,7 +499,7 @@ def _check_stamp(csv: Path, matrix: str) -> None:
     stamp = stamp_path(csv)
     assert stamp.exists(), f"{stamp.name} is missing: re-run the script, which writes it"
     record = json.loads(stamp.read_text())
-    assert lane.record_problems(record, csv.name) == []
+    assert stamps.record_status(record, csv.name).broken == ()
     assert record["csv_sha256"] == hashlib.sha256(csv.read_bytes()).hexdigest(), (
         f"{csv.name} was edited after its GPU run"
     )

@@ -30,9 +30,9 @@ import struct
 
 import pytest
 
-from tools import lane
+from fp8lab import stamp
 
-CHAPTERS = lane.toc_notebooks()
+CHAPTERS = stamp.toc_notebooks()
 MAX_LINE = 88
 MIN_DPI = 110
 MAX_FIGURE_INCHES = 8.0

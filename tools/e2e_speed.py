@@ -193,7 +193,7 @@ def tokens_per_s(record: dict, model: str, setting: str) -> float | None:
 
 def stamp(record: dict, seconds: float) -> dict | None:
     """The stamp of a full-preset measurement on a GPU with TE; None elsewhere."""
-    from tools import lane
+    from fp8lab import stamp as lane
 
     if not (record["preset"] == "full" and torch.cuda.is_available()):
         return None

@@ -510,8 +510,8 @@ def warm_up(configs, te, recipe_module, device) -> None:
 
 def stamp(csv: Path, matrix: str, seconds: float, machine: dict | None = None) -> Path:
     """Write ``<csv>.stamp.json``: where and from which fp8lab code the measurements came
-    (``machine``: :func:`tools.lane.where_it_runs` by default)."""
-    from tools import lane
+    (``machine``: :func:`fp8lab.stamp.where_it_runs` by default)."""
+    from fp8lab import stamp as lane
 
     notebook = {
         "cells": [{"cell_type": "code", "source": "\n".join(f"import {m}" for m in MEASURED_WITH)}]

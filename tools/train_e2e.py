@@ -8,7 +8,7 @@ wall time of every step, tokens/s and MFU of the whole step (data loading, forwa
 and optimizer; validation excluded), peak memory, what exactly ran (recipe, attention and weight
 precision, optimizer, compilation) and the corpus and tokenizer it ran on. On a GPU with
 Transformer Engine and the full preset, the file is stamped like the chapters
-(:func:`tools.lane.stamp_record`, over the fp8lab modules this script imports and this script
+(:func:`fp8lab.stamp.stamp_record`, over the fp8lab modules this script imports and this script
 itself); the CPU lane checks the stamps (``tests/test_e2e.py``).
 
 Run it on a GPU box, one group per command (each under ten minutes on one H200)::
@@ -305,11 +305,9 @@ def _finite(values) -> list:
 
 def result_modules() -> list[str]:
     """What a result file's stamp hashes: the fp8lab modules this script imports, and itself."""
-    from tools import lane
+    from fp8lab import stamp
 
-    source = Path(__file__).read_text()
-    modules = lane.library_modules({"cells": [{"cell_type": "code", "source": source}]})
-    return sorted({*modules, "tools.train_e2e"})
+    return sorted({*stamp.producer_modules(Path(__file__)), "tools.train_e2e"})
 
 
 class Bench:
@@ -550,7 +548,7 @@ class Bench:
         whole_plan = record["steps_requested"] == record["steps_planned"]
         if not (self.on_gpu and self.preset == "full" and whole_plan):
             return None
-        from tools import lane
+        from fp8lab import stamp as lane
 
         return lane.stamp_record(result_modules(), run_seconds=record["wall_s"])
 

@@ -1,0 +1,77 @@
+"""Property-test entries for fp8lab.stamp and the cuDNN report (read by tests/test_inputs.py)."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+
+from fp8lab import environment, stamp
+from tests.property_support import Entry, ints, maybe
+
+NOTEBOOK = {"cells": [{"cell_type": "code", "source": "import fp8lab.flops"}]}
+MACHINE = {
+    "gpu_name": "NVIDIA H200",
+    "gpu_count": 1,
+    "compute_capability": "9.0",
+    "torch": "2.11.0",
+    "cuda": "13.0",
+    "transformer_engine": "2.20.2",
+    "cudnn": "9.19.0",
+    "cudnn_torch": "9.19.0",
+}
+RECORD = stamp.stamp_record(["fp8lab.flops"], MACHINE)
+CHAPTER = stamp.toc_notebooks()[0]
+
+
+def _state(record, name, gpus):
+    return len(stamp.record_status(record, name, gpus).pending)
+
+
+ENTRIES = {
+    "stamp.code_hash": Entry(
+        lambda notebook: len(stamp.code_hash(notebook)), {"notebook": maybe(st.just(NOTEBOOK))}
+    ),
+    "stamp.library_modules": Entry(
+        lambda notebook: len(stamp.library_modules(notebook)),
+        {"notebook": maybe(st.just(NOTEBOOK))},
+    ),
+    "stamp.library_hash": Entry(
+        lambda modules: len(stamp.library_hash(modules)),
+        {"modules": maybe(st.just(["fp8lab.flops"]))},
+    ),
+    "stamp.module_hashes": Entry(
+        lambda modules: len(stamp.module_hashes(modules)),
+        {"modules": maybe(st.just(["fp8lab.flops"]))},
+    ),
+    "stamp.producer_modules": Entry(
+        lambda script: len(stamp.producer_modules(script)),
+        {"script": maybe(st.just(stamp.ROOT / "tools" / "lane.py"))},
+        examples=10,
+    ),
+    "stamp.record_status": Entry(
+        _state,
+        {
+            "record": maybe(st.just(RECORD)),
+            "name": maybe(st.just("r.json")),
+            "gpus": maybe(ints(1, 2)),
+        },
+    ),
+    "stamp.Status": Entry(
+        lambda: len(stamp.record_status(RECORD, "r.json").page_note()), {}, examples=1
+    ),
+    "stamp.notebook_status": Entry(
+        lambda path: len(stamp.notebook_status(path).name),
+        {"path": maybe(st.just(CHAPTER))},
+        examples=10,
+    ),
+    "stamp.stamp_record": Entry(
+        lambda modules, machine: len(stamp.stamp_record(modules, machine)),
+        {"modules": maybe(st.just(["fp8lab.flops"])), "machine": st.just(MACHINE)},
+    ),
+    "stamp.toc_notebooks": Entry(
+        lambda root: len(stamp.toc_notebooks(root)), {"root": maybe(st.just(stamp.ROOT))}
+    ),
+    "environment.CudnnReport": Entry(
+        lambda: environment.CudnnReport("9.19.0", "9.19.0", "9.19.0").describe(), {}, examples=1
+    ),
+    "environment.require_one_cudnn": Entry(environment.require_one_cudnn, {}, examples=1),
+}
