@@ -8,33 +8,38 @@ import os
 import hypothesis.strategies as st
 import torch
 
-from fp8lab import attention, flops
+from fp8lab import attention, flops, reference
 from tests.property_support import Entry, ints, maybe
 
 MASKS = st.sampled_from(flops.ATTENTION_MASKS)
 WINDOWS = st.sampled_from([None, (-1, -1), (-1, 0), (0, 0), (7, 0), (3, 5), (64, 0)])
 SHAPE = attention.AttentionShape(1, 16, 2, 8, groups=1)
 FAST = {"warmup": 0, "iters": 2, "profile": False}
+DEVICES = st.sampled_from([None, "cpu", torch.device("cpu")])
+TE = reference  # what fp8lab.import_te() returns first without a GPU: a module with TE's names
 
 
-def _qkv(groups):
+def _qkv(groups, kv_dtype):
+    """q [1, 12, 4, 8] in FP32; k and v with ``groups`` heads in ``kv_dtype`` (FP64 differs from
+    q's dtype), or the junk itself in their place."""
     torch.manual_seed(0)
-    return (
-        torch.randn(1, 12, 4, 8),
-        torch.randn(1, 12, groups, 8) if isinstance(groups, int) and groups > 0 else groups,
-        torch.randn(1, 12, groups, 8) if isinstance(groups, int) and groups > 0 else groups,
-    )
+    if not isinstance(groups, int) or groups <= 0:
+        kv_dtype = groups
+    if not isinstance(kv_dtype, torch.dtype):
+        return torch.randn(1, 12, 4, 8), kv_dtype, kv_dtype
+    k, v = (torch.randn(1, 12, groups, 8, dtype=kv_dtype) for _ in range(2))
+    return torch.randn(1, 12, 4, 8), k, v
 
 
-def _explicit(groups, mask, window_size, dropout_p):
+def _explicit(groups, kv_dtype, mask, window_size, dropout_p):
     return attention.explicit_attention(
-        *_qkv(groups), mask=mask, window_size=window_size, dropout_p=dropout_p
+        *_qkv(groups, kv_dtype), mask=mask, window_size=window_size, dropout_p=dropout_p
     )
 
 
-def _sdpa(groups, mask, window_size, dropout_p):
+def _sdpa(groups, kv_dtype, mask, window_size, dropout_p):
     return attention.sdpa_attention(
-        *_qkv(groups), mask=mask, window_size=window_size, dropout_p=dropout_p
+        *_qkv(groups, kv_dtype), mask=mask, window_size=window_size, dropout_p=dropout_p
     )
 
 
@@ -76,11 +81,12 @@ def _result(backend, status, label):
 ATTENTION_CALL = {
     "args": {
         "groups": maybe(st.sampled_from([1, 2, 4])),
+        "kv_dtype": maybe(st.sampled_from([torch.float32, torch.float32, torch.float64])),
         "mask": maybe(MASKS),
         "window_size": maybe(WINDOWS),
         "dropout_p": maybe(st.sampled_from([0.0, 0.1])),
     },
-    "aliases": {"groups": ["k ", "heads", "q "]},
+    "aliases": {"groups": ["k ", "heads", "q "], "kv_dtype": ["k ", "dtype"]},
     "signed": True,
     "examples": 20,
 }
@@ -129,7 +135,12 @@ ENTRIES = {
     ),
     "attention.window_mask": Entry(
         attention.window_mask,
-        {"seq": maybe(ints(1, 64)), "mask": maybe(MASKS), "window_size": maybe(WINDOWS)},
+        {
+            "seq": maybe(ints(1, 64)),
+            "mask": maybe(MASKS),
+            "window_size": maybe(WINDOWS),
+            "device": maybe(DEVICES),
+        },
     ),
     "attention.explicit_attention": Entry(_explicit, **ATTENTION_CALL),
     "attention.sdpa_attention": Entry(_sdpa, **ATTENTION_CALL),
@@ -155,12 +166,16 @@ ENTRIES = {
         examples=10,
     ),
     "attention.measure": Entry(
-        lambda backend, shape: attention.measure(backend, shape, **FAST),
+        lambda backend, shape, te, device: attention.measure(
+            backend, shape, te, device=device, **FAST
+        ),
         {
             "backend": maybe(st.sampled_from(["explicit", "sdpa_math", "sdpa_flash"])),
             "shape": maybe(st.just(SHAPE)),
+            "te": maybe(st.sampled_from([None, TE])),
+            "device": maybe(DEVICES),
         },
-        examples=6,
+        examples=12,
     ),
     "attention.AttentionResult": Entry(
         _result,
@@ -175,11 +190,15 @@ ENTRIES = {
         {"title": maybe(st.just("case"))},
     ),
     "attention.te_selection_logs": Entry(
-        lambda shape, timeout_s: attention.te_selection_logs(
-            [{"shape": shape}], timeout_s=timeout_s
+        lambda shape, recipe, timeout_s: attention.te_selection_logs(
+            [{"shape": shape, "recipe": recipe}], timeout_s=timeout_s
         ),
-        {"shape": maybe(st.just(SHAPE)), "timeout_s": maybe(st.sampled_from([60.0, 300.0]))},
+        {
+            "shape": maybe(st.just(SHAPE)),
+            "recipe": maybe(st.sampled_from([None, "delayed", "current"])),
+            "timeout_s": maybe(st.sampled_from([60.0, 300.0])),
+        },
         aliases={"shape": ["cases"]},
-        examples=6,
+        examples=8,
     ),
 }

@@ -1,5 +1,6 @@
 """Attention: FLOPs against FlopCounterMode, the CPU reference's masks and windows against plain
-PyTorch, and the backend helper (rows, refusals, out-of-memory, TE's cache and log plumbing).
+PyTorch, and the backend helper (rows, refusals, out-of-memory, TE's cache and log plumbing, the
+checks of its inputs).
 
 The GPU tests at the end (``-m gpu``) check on real TE that switching backends inside one
 process really switches them (the profiler's kernel names), that the selection log comes back
@@ -375,6 +376,68 @@ SMALL = attention.AttentionShape(1, 32, 2, 8)
 FAST = {"warmup": 0, "iters": 2}
 
 
+@pytest.mark.parametrize("attend", [attention.explicit_attention, attention.sdpa_attention])
+def test_q_k_v_of_different_dtypes_or_devices_are_refused_by_name(attend):
+    q, k, v = qkv(2)
+    with pytest.raises(TypeError, match="k has dtype torch.float32 and q torch.float64"):
+        attend(q, k.float(), v)
+    with pytest.raises(TypeError, match="v has dtype torch.bfloat16"):
+        attend(q, k, v.bfloat16())
+    with pytest.raises(ValueError, match="k is on meta and q on cpu"):
+        attend(q, k.to("meta"), v)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda device: SMALL.make_inputs(device=device),
+        lambda device: attention.window_mask(8, device=device),
+        lambda device: attention.measure("explicit", SMALL, device=device, **FAST),
+    ],
+    ids=["make_inputs", "window_mask", "measure"],
+)
+def test_device_names_a_machine_cannot_serve_are_refused(call):
+    with pytest.raises(ValueError, match="device='gpu'"):
+        call("gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device='cuda': this machine has no CUDA GPU"):
+            call("cuda")
+    with pytest.raises(TypeError, match="device=1.5"):
+        call(1.5)
+
+
+def test_te_and_recipe_swapped_are_recognised():
+    import fp8lab
+
+    te, recipe = fp8lab.import_te()
+    for wrong in (recipe, recipe.DelayedScaling(), recipe.DelayedScaling):
+        with pytest.raises(TypeError, match="is the recipe module or a recipe, not te"):
+            attention.measure("te_fused", SMALL, wrong, **FAST)
+    with pytest.raises(TypeError, match="te='te': must be the module"):
+        attention.measure("explicit", SMALL, "te", **FAST)
+    with pytest.raises(TypeError, match=r"\['recipe'\]=.* is the te module"):
+        attention.te_selection_logs([{"shape": SMALL, "recipe": te}])
+    with pytest.raises(TypeError, match="is the recipe module or a recipe: name the recipe"):
+        attention.te_selection_logs([{"shape": SMALL, "recipe": recipe.DelayedScaling()}])
+    assert attention.measure("explicit", SMALL, te, **FAST).ok
+
+
+def test_inputs_factory_must_return_tensors():
+    with pytest.raises(ValueError, match="make_inputs\\(\\) returned no tensor"):
+        attention.run_attention(lambda: lambda: None, lambda: (), backend="explicit", **FAST)
+    with pytest.raises(TypeError, match="make_inputs\\(\\)\\[0\\] must be a torch.Tensor"):
+        attention.run_attention(lambda: lambda x: x, lambda: ([1.0],), backend="explicit", **FAST)
+
+
+def test_the_package_shows_its_modules_names():
+    for name in attention.__all__:
+        value = getattr(attention, name)
+        home = getattr(value, "__module__", "fp8lab.attention.")
+        assert home.startswith("fp8lab.attention.") or not callable(value), (name, home)
+    assert attention.backend_context is attention.backends.backend_context
+    assert attention.measure is attention.run.measure
+
+
 def test_rows_name_what_ran_on_the_cpu():
     math_row = attention.measure("sdpa_math", SMALL, **FAST)
     assert math_row.ok and math_row.family == profiling.UNFUSED and math_row.confirmed
@@ -477,15 +540,15 @@ def test_kernel_families(names, family):
 @pytest.fixture
 def fake_te(monkeypatch):
     """Stand-ins for TE's attention module and its logging utilities."""
-    module = types.ModuleType(attention._TE_MODULE)
+    module = types.ModuleType(attention.backends._TE_MODULE)
     module._attention_backends = {
         "attention_params": "cached",
         "backend_selection_requires_update": False,
     }
-    utils = types.ModuleType(attention._TE_UTILS)
+    utils = types.ModuleType(attention.logs._TE_UTILS)
     utils.AttentionLogging = type("AttentionLogging", (), {"_log_level": logging.WARNING})
-    monkeypatch.setitem(sys.modules, attention._TE_MODULE, module)
-    monkeypatch.setitem(sys.modules, attention._TE_UTILS, utils)
+    monkeypatch.setitem(sys.modules, attention.backends._TE_MODULE, module)
+    monkeypatch.setitem(sys.modules, attention.logs._TE_UTILS, utils)
     return module, utils
 
 
@@ -523,13 +586,13 @@ def test_capture_te_log_collects_and_restores(fake_te):
     assert lines == [
         "[DEBUG    | DotProductAttention]: Selected backend = FusedAttention (sub-backend 1)."
     ]
-    assert attention._selected(lines) == "FusedAttention (sub-backend 1)"
+    assert attention.logs._selected(lines) == "FusedAttention (sub-backend 1)"
     assert utils.AttentionLogging._log_level == logging.WARNING
     assert (list(logger.handlers), logger.level, logger.propagate) == before
 
 
 def test_selection_logs_without_te_say_so():
-    if attention._uses_real_te():
+    if attention.backends._uses_real_te():
         pytest.skip("TE runs here")
     logs = attention.te_selection_logs([{"shape": SMALL, "title": "small"}])
     assert logs[0].title == "small" and "needs Transformer Engine" in logs[0].error
@@ -577,7 +640,7 @@ def test_selection_logs_parse_what_a_fresh_process_prints(tmp_path, monkeypatch)
     (package / "common" / "__init__.py").write_text("")
     (package / "common" / "recipe.py").write_text("from fp8lab.reference.recipe import *\n")
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    monkeypatch.setattr(attention, "_uses_real_te", lambda: True)
+    monkeypatch.setattr(attention.backends, "_uses_real_te", lambda: True)
     logs = attention.te_selection_logs(
         [
             {"shape": SMALL, "title": "default"},

@@ -140,6 +140,47 @@ def allowed_keys(
     return (distance + offset - left <= 0) & (distance + offset + right >= 0)
 
 
+def _gqa_groups(num_attention_heads: int, num_gqa_groups: int | None, tp_size: int) -> int:
+    """G, checked as TE checks it: dividing A, and divisible by the tensor-parallel size."""
+    groups = num_gqa_groups or num_attention_heads
+    if num_attention_heads % groups:
+        raise ValueError(
+            f"num_gqa_groups={groups} must divide num_attention_heads={num_attention_heads}"
+        )
+    if groups % tp_size:
+        raise ValueError(f"num_gqa_groups={groups} must be divisible by tp_size={tp_size}")
+    return groups
+
+
+def _to_bhsd(qkv_format: str, t: torch.Tensor) -> torch.Tensor:
+    """``[S, B, heads, D]`` (``sbhd``) or ``[B, S, heads, D]`` (``bshd``) to
+    ``[B, heads, S, D]``."""
+    return t.permute(1, 2, 0, 3) if qkv_format == "sbhd" else t.permute(0, 2, 1, 3)
+
+
+def _from_bhsd(qkv_format: str, context: torch.Tensor) -> torch.Tensor:
+    """``[B, A, S, D]`` -> ``[S, B, A*D]`` (``sbhd``) or ``[B, S, A*D]`` (``bshd``)."""
+    order = (2, 0, 1, 3) if qkv_format == "sbhd" else (0, 2, 1, 3)
+    context = context.permute(*order)
+    return context.reshape(*context.shape[:2], -1)
+
+
+def _sdpa_mask(seq_q: int, seq_kv: int, mask: str, window, bottom_right: bool, device):
+    """``(attn_mask, is_causal)`` for ``F.scaled_dot_product_attention``; refuses query rows
+    left with no key to attend to."""
+    allowed = allowed_keys(seq_q, seq_kv, mask, window, bottom_right, device=device)
+    is_causal = False
+    if allowed is not None and seq_q == seq_kv and window[0] in (-1,) and "causal" in mask:
+        allowed, is_causal = None, True  # the plain causal mask: SDPA's own
+    if allowed is not None and not bool(allowed.any(dim=-1).all()):
+        raise NotImplementedError(
+            f"DotProductAttention(attn_mask_type={mask!r}, window_size={window}) leaves query "
+            f"rows with no key to attend to (S_q={seq_q}, S_kv={seq_kv}); not modelled by "
+            "the CPU reference"
+        )
+    return allowed, is_causal
+
+
 class DotProductAttention(nn.Module):
     """``te.DotProductAttention(num_attention_heads, kv_channels, num_gqa_groups=None,
     attention_dropout=0.0, qkv_format="sbhd", attn_mask_type="causal", window_size=None,
@@ -181,31 +222,49 @@ class DotProductAttention(nn.Module):
             softmax_type=(softmax_type, ("vanilla",)),
             return_max_logit=(return_max_logit, (False,)),
         )
-        groups = num_gqa_groups or num_attention_heads
-        if num_attention_heads % groups:
-            raise ValueError(
-                f"num_gqa_groups={groups} must divide num_attention_heads={num_attention_heads}"
-            )
-        if groups % self.tp_size:
-            raise ValueError(f"num_gqa_groups={groups} must be divisible by tp_size={self.tp_size}")
+        groups = _gqa_groups(num_attention_heads, num_gqa_groups, self.tp_size)
         self.num_gqa_groups_per_partition = groups // self.tp_size
         if not 0.0 <= attention_dropout < 1.0:
             raise ValueError(f"attention_dropout={attention_dropout}: must be in [0, 1)")
-        self.num_attention_heads, self.num_gqa_groups, self.kv_channels = (
-            num_attention_heads,
-            groups,
-            kv_channels,
-        )
-        self.attention_dropout, self.qkv_format, self.attn_mask_type = (
-            attention_dropout,
-            qkv_format,
-            attn_mask_type,
-        )
+        self.num_attention_heads, self.num_gqa_groups = num_attention_heads, groups
+        self.kv_channels, self.attention_dropout = kv_channels, attention_dropout
+        self.qkv_format, self.attn_mask_type = qkv_format, attn_mask_type
         self.window_size = check_set_window_size(attn_mask_type, window_size)
         self.bottom_right_diagonal = bottom_right_diagonal
         self.softmax_scale = (
             softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(kv_channels)
         )
+
+    def _call_options(self, attention_mask, qkv_format, attn_mask_type, window_size, softcap):
+        """The forward's layout and mask (its arguments over the constructor's, as in TE); the
+        refusals of what the reference does not model."""
+        qkv_format = qkv_format or self.qkv_format
+        mask = (
+            self.attn_mask_type
+            if attn_mask_type is None
+            else _check_mask_type("DotProductAttention.forward", attn_mask_type)
+        )
+        _refuse(
+            "DotProductAttention.forward",
+            qkv_format=(qkv_format, FORMATS),
+            attention_mask=(attention_mask, (None,)),
+            softcap=(softcap, (None, 0.0, 0)),
+        )
+        window = check_set_window_size(
+            mask, self.window_size if window_size is None else window_size
+        )
+        return qkv_format, mask, window
+
+    def _check_heads(self, query_layer: torch.Tensor, key_layer: torch.Tensor) -> None:
+        heads = self.num_attention_heads // self.tp_size
+        if (
+            query_layer.shape[-2] != heads
+            or key_layer.shape[-2] != self.num_gqa_groups_per_partition
+        ):
+            raise ValueError(
+                f"expected {heads} query heads and {self.num_gqa_groups_per_partition} key/value "
+                f"groups, got query {tuple(query_layer.shape)} and key {tuple(key_layer.shape)}"
+            )
 
     def forward(
         self,
@@ -223,55 +282,21 @@ class DotProductAttention(nn.Module):
         _refuse_unknown(
             "DotProductAttention.forward", {k: v for k, v in extra.items() if v is not None}
         )
-        qkv_format = qkv_format or self.qkv_format
-        mask = (
-            self.attn_mask_type
-            if attn_mask_type is None
-            else _check_mask_type("DotProductAttention.forward", attn_mask_type)
-        )
-        _refuse(
-            "DotProductAttention.forward",
-            qkv_format=(qkv_format, FORMATS),
-            attention_mask=(attention_mask, (None,)),
-            softcap=(softcap, (None, 0.0, 0)),
-        )
-        window = check_set_window_size(
-            mask, self.window_size if window_size is None else window_size
+        qkv_format, mask, window = self._call_options(
+            attention_mask, qkv_format, attn_mask_type, window_size, softcap
         )
         bottom_right = _bottom_right(
             mask,
             self.bottom_right_diagonal if bottom_right_diagonal is None else bottom_right_diagonal,
         )
-        heads = self.num_attention_heads // self.tp_size
-        if (
-            query_layer.shape[-2] != heads
-            or key_layer.shape[-2] != self.num_gqa_groups_per_partition
-        ):
-            raise ValueError(
-                f"expected {heads} query heads and {self.num_gqa_groups_per_partition} "
-                f"key/value "
-                f"groups, got query {tuple(query_layer.shape)} and key {tuple(key_layer.shape)}"
-            )
-        to_bhsd = (
-            (lambda t: t.permute(1, 2, 0, 3))
-            if qkv_format == "sbhd"
-            else (lambda t: t.permute(0, 2, 1, 3))
-        )
-        q, k, v = (to_bhsd(t) for t in (query_layer, key_layer, value_layer))  # [B, heads, S, D]
+        self._check_heads(query_layer, key_layer)
+        q, k, v = (_to_bhsd(qkv_format, t) for t in (query_layer, key_layer, value_layer))
         repeat = self.num_attention_heads // self.num_gqa_groups
         if repeat > 1:
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        seq_q, seq_kv = q.shape[-2], k.shape[-2]
-        allowed = allowed_keys(seq_q, seq_kv, mask, window, bottom_right, device=q.device)
-        is_causal = False
-        if allowed is not None and seq_q == seq_kv and window[0] in (-1,) and "causal" in mask:
-            allowed, is_causal = None, True  # the plain causal mask: SDPA's own
-        if allowed is not None and not bool(allowed.any(dim=-1).all()):
-            raise NotImplementedError(
-                f"DotProductAttention(attn_mask_type={mask!r}, window_size={window}) leaves query "
-                f"rows with no key to attend to (S_q={seq_q}, S_kv={seq_kv}); not modelled by "
-                "the CPU reference"
-            )
+        allowed, is_causal = _sdpa_mask(
+            q.shape[-2], k.shape[-2], mask, window, bottom_right, q.device
+        )
         context = F.scaled_dot_product_attention(
             q,
             k,
@@ -280,12 +305,8 @@ class DotProductAttention(nn.Module):
             dropout_p=self.attention_dropout if self.training else 0.0,
             is_causal=is_causal,
             scale=self.softmax_scale,
-        )
-        if qkv_format == "sbhd":
-            context = context.permute(2, 0, 1, 3)
-        else:
-            context = context.permute(0, 2, 1, 3)
-        return context.reshape(*context.shape[:2], -1)
+        )  # [B, A, S, D]
+        return _from_bhsd(qkv_format, context)
 
 
 def split_qkv(mixed: torch.Tensor, heads: int, groups: int, head_dim: int, interleaved: bool):
