@@ -40,12 +40,14 @@ OK, WARN, FAIL = "ok", "WARN", "FAIL"
 STATUSES = (OK, WARN, FAIL)
 MIN_PYTHON = (3, 10)
 # Relative (Frobenius) error bounds of the smoke tests. E4M3 rounding alone gives about 4% for
-# the GEMM and about 5% for the attention (measured on an H200 with TE 2.20.2); two cuDNNs in one
-# process gave 12% to 197% on the same attention.
+# the GEMM and about 5% for the attention (H200, TE 2.20.2, one cuDNN); two cuDNNs in one process
+# gave 20% to 40% on this attention, a different answer at each call.
 GEMM_BOUND = 0.10
 ATTENTION_BOUND = 0.10
 GEMM_SHAPE = (2048, 1024, 1024)  # tokens, in features, out features
-ATTENTION_SHAPE = {"B": 2, "S": 512, "A": 16, "D": 128}
+# 32 heads: with two cuDNNs (9.19 and 9.14) FP8 attention went wrong at 32 heads and stayed right
+# at 16 (H200, TE 2.20.2), so the smoke test uses a shape that is known to show the trap.
+ATTENTION_SHAPE = {"B": 2, "S": 512, "A": 32, "D": 128}
 # What the chapters do without a CUDA GPU (the README's table "What each chapter needs").
 CPU_LANE = (
     ("run fully, at smoke size", "00, 01, 02, 04"),
