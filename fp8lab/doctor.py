@@ -265,7 +265,7 @@ def _run_smoke(te: Any, recipe: Any) -> list[Check]:
             first_line = f"{type(error).__name__}: {error}".splitlines()[0]
             check = Check(name, FAIL, f"raised {first_line}")
         seconds = time.perf_counter() - start
-        results.append(Check(check.name, check.status, f"{check.detail}; {seconds:.1f} s"))
+        results.append(Check(check.name, check.status, f"{check.detail}; {seconds:.1f}s"))
     return results
 
 
