@@ -4,6 +4,8 @@ Small modules, one idea each, so the notebooks show the idea and not the plumbin
 
 * :mod:`fp8lab.environment` -- GPU, torch, TE and FP8 support here; the size preset; the banner;
   ``import_te()`` (real TE on a GPU, the CPU reference elsewhere)
+* :mod:`fp8lab.doctor` -- ``python -m fp8lab.doctor``: is this machine ready (one cuDNN, FP8 smoke
+  tests)?
 * :mod:`fp8lab.datasheet` -- datasheet peaks of common GPUs (pure data)
 * :mod:`fp8lab.ceilings` -- measured matrix-product rates and copy bandwidth (chapter 00)
 * :mod:`fp8lab.roofline` -- ridge points, attainable rates, the roofline plot (chapters 00, 04)

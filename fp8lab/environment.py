@@ -199,8 +199,8 @@ def require_one_cudnn(env: Environment | None = None) -> None:
         f"Two cuDNN versions in one process ({problem}). Transformer Engine loads cuDNN from "
         "CUDNN_HOME, CUDNN_PATH, CUDA_HOME or the system's library path before PyTorch's own, "
         "and a mixed process gives wrong FP8 attention. Point TE at PyTorch's cuDNN before "
-        "starting Python: export CUDNN_HOME=$(python -c 'import nvidia.cudnn, os; "
-        "print(os.path.dirname(nvidia.cudnn.__file__))') (or remove the system cuDNN), then "
+        "starting Python: export CUDNN_HOME=$(python -c 'import nvidia.cudnn; "
+        "print(nvidia.cudnn.__path__[0])') (or remove the system cuDNN), then "
         "check with: python -m fp8lab.doctor"
     )
 
