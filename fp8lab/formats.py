@@ -43,7 +43,7 @@ __all__ = [
     "relative_rounding_error",
     "round_to",
     "scale_from_amax",
-    "table",
+    "limits_table",
 ]
 
 FP32_MAX = torch.finfo(torch.float32).max
@@ -157,7 +157,7 @@ def info(fmt: str | torch.dtype) -> FormatInfo:
     )
 
 
-def table():
+def limits_table():
     """All formats side by side, as a pandas DataFrame."""
     import pandas as pd
 

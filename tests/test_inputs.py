@@ -492,8 +492,8 @@ ENTRIES: dict[str, Entry] = {
         {"fmt": maybe(st.sampled_from(["E4M3", "E5M2"]))},
         aliases={"fmt": ["format", "dtype"]},
     ),
-    "formats.table": Entry(
-        lambda: formats.table().drop(columns=["max"]).select_dtypes("number"), {}, examples=3
+    "formats.limits_table": Entry(
+        lambda: formats.limits_table().drop(columns=["max"]).select_dtypes("number"), {}, examples=3
     ),
     "formats.round_to": Entry(
         formats.round_to,
