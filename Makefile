@@ -1,6 +1,7 @@
 # fp8lab: two commands do everything on a fresh machine.
 #   make book   -> virtual environment, requirements, fp8lab, the rendered book in _build/html
 #   make test   -> the CPU lane: lint, the strict book build, unit tests, every notebook on the smoke preset
+#   make lab    -> JupyterLab on notebooks/ in the same .venv, with the project's kernel ("Python (fp8lab)")
 # On a GPU box with Transformer Engine:
 #   make gpu-lane -> execute every chapter in place on the full preset and stamp it
 PYTHON ?= python3
@@ -12,7 +13,7 @@ TORCH ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 PYTEST_WORKERS ?= 2
 
-.PHONY: book test lint unit notebooks book-strict gpu-lane check-stamps clean
+.PHONY: book test lint unit notebooks book-strict gpu-lane check-stamps lab kernel clean
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -42,6 +43,14 @@ test: $(BIN)/.installed lint book-strict check-stamps
 
 gpu-lane:
 	$(PYTHON) -m tools.lane run $(NOTEBOOKS)
+
+# The notebooks' kernel: the .venv's python, registered inside the .venv (nothing in ~/.local).
+kernel: $(BIN)/.installed
+	$(BIN)/python -m ipykernel install --sys-prefix --name fp8lab --display-name "Python (fp8lab)" >/dev/null
+	@echo "kernel 'fp8lab' registered in $(VENV)"
+
+lab: kernel
+	$(BIN)/jupyter lab --notebook-dir=notebooks
 
 check-stamps: $(BIN)/.installed
 	$(BIN)/python -m tools.lane check
