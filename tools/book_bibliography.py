@@ -39,8 +39,16 @@ def author_year_label(entry) -> str:
 
 class AuthorYearLabels(BaseLabelStyle):
     def format_labels(self, sorted_entries):
-        for entry in sorted_entries:
-            yield author_year_label(entry)
+        """Labels in list order; two entries with one label become "... 2026a", "... 2026b"."""
+        entries = list(sorted_entries)
+        labels = [author_year_label(entry) for entry in entries]
+        seen: dict[str, int] = {}
+        for label in labels:
+            if labels.count(label) == 1:
+                yield label
+                continue
+            seen[label] = seen.get(label, 0) + 1
+            yield f"{label}{'abcdefghijklmnopqrstuvwxyz'[seen[label] - 1]}"
 
 
 class AuthorYearStyle(UnsortedStyle):
