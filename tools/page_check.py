@@ -39,7 +39,8 @@ WIDTH, HEIGHT = 1280, 900
 CODE_BUDGET_PX = 600
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 PAGE_GLOBS = ("notebooks/*.html", "book/*.html")
-SCREENSHOT_MAX_PX = 16000  # taller captures exceed what Chromium can paint in one image
+SCREENSHOT_MAX_PX = 32000  # a taller capture is cut there (PNG and painting limits)
+SCROLLING = "wide tables (scroll)"  # reported, never a failure: a scroll bar reaches them
 # rule -> (column in the table, the flag that makes it a failure; None: always a failure)
 RULES = {
     "tables": ("tables cut off", None),
@@ -58,7 +59,8 @@ SETTLE_JS = r"""(async () => {
   return true;
 })()"""
 
-# Returns {"column": px, "tables": [...], "code": [...], "figures": [...]}, one finding each.
+# Returns {"column": px, "scrolling": count, "tables": [...], "code": [...], "figures": [...]}:
+# the text column's width, how many wide tables scroll sideways in it, one finding per item.
 MEASURE_JS = r"""((codeBudget) => {
   const article = document.querySelector('main .bd-article') || document.querySelector('article')
     || document.querySelector('main') || document.body;
@@ -82,10 +84,12 @@ MEASURE_JS = r"""((codeBudget) => {
     return false;
   };
   const round = x => Math.round(x);
-  const tables = [...document.querySelectorAll('div.cell_output table')]
-    .filter(t => shown(t) && t.getBoundingClientRect().width > right - left + 1
-      && !scrollsInColumn(t))
-    .map(t => ({...where(t), width: round(t.getBoundingClientRect().width)}));
+  const wide = [...document.querySelectorAll('div.cell_output table')]
+    .filter(t => shown(t) && t.getBoundingClientRect().width > right - left + 1)
+    .map(t => ({...where(t), width: round(t.getBoundingClientRect().width),
+                scrolls: scrollsInColumn(t)}));
+  const tables = wide.filter(t => !t.scrolls).map(({scrolls, ...t}) => t);
+  const scrolling = wide.filter(t => t.scrolls).length;
   const code = [...document.querySelectorAll('div.cell_input')]
     .filter(c => shown(c) && c.getBoundingClientRect().height > codeBudget)
     .map(c => ({...where(c), height: round(c.getBoundingClientRect().height)}));
@@ -93,7 +97,7 @@ MEASURE_JS = r"""((codeBudget) => {
     .filter(i => shown(i) && i.naturalWidth > 0 && i.clientWidth < i.naturalWidth - 1)
     .map(i => ({...where(i), natural: i.naturalWidth, shown: i.clientWidth,
                 percent: round(100 * i.clientWidth / i.naturalWidth)}));
-  return {column: round(right - left), tables, code, figures};
+  return {column: round(right - left), scrolling, tables, code, figures};
 })"""
 
 
@@ -217,24 +221,31 @@ def measure_page(devtools: DevTools, page: Path, code_budget: int) -> dict:
 
 
 def save_screenshot(devtools: DevTools, target: Path) -> None:
-    """A PNG of the whole page (its first SCREENSHOT_MAX_PX pixels) at WIDTH."""
+    """A PNG of the whole page (its first SCREENSHOT_MAX_PX pixels) at WIDTH.
+
+    The viewport is made as tall as the page for the capture (capturing beyond a 900 px
+    viewport lays the page out again at another width), then set back.
+    """
     size = devtools.call("Page.getLayoutMetrics")["cssContentSize"]
     height = min(int(size["height"]) + 1, SCREENSHOT_MAX_PX)
-    clip = {"x": 0, "y": 0, "width": WIDTH, "height": height, "scale": 1}
-    shot = devtools.call(
-        "Page.captureScreenshot", format="png", captureBeyondViewport=True, clip=clip
-    )
+    metrics = {"width": WIDTH, "deviceScaleFactor": 1, "mobile": False}
+    devtools.call("Emulation.setDeviceMetricsOverride", height=height, **metrics)
+    try:
+        devtools.evaluate(SETTLE_JS)
+        shot = devtools.call("Page.captureScreenshot", format="png")
+    finally:
+        devtools.call("Emulation.setDeviceMetricsOverride", height=HEIGHT, **metrics)
     target.write_bytes(base64.b64decode(shot["data"]))
 
 
 def report(findings: dict[str, dict]) -> pd.DataFrame:
     """Per-page counts, one row a page (its path in the build), one column a rule."""
     rows = [
-        {"page": name, "column px": found.get("column", 0)}
+        {"page": name, "column px": found.get("column", 0), SCROLLING: found.get("scrolling", 0)}
         | {column: len(found.get(rule, [])) for rule, (column, _) in RULES.items()}
         for name, found in findings.items()
     ]
-    columns = ["page", "column px", *(column for column, _ in RULES.values())]
+    columns = ["page", "column px", SCROLLING, *(column for column, _ in RULES.values())]
     return pd.DataFrame(rows, columns=columns)
 
 
