@@ -180,7 +180,7 @@ def _debugging_port(profile: Path, process: subprocess.Popen, timeout_s: float =
 @contextlib.contextmanager
 def launched_browser(binary: str):
     """A headless Chromium with one blank page at WIDTH x HEIGHT; yields its DevTools."""
-    with tempfile.TemporaryDirectory(prefix="page-check-") as profile:
+    with tempfile.TemporaryDirectory(prefix="page-check-", ignore_cleanup_errors=True) as profile:
         command = [
             binary, "--headless=new", "--remote-debugging-port=0", f"--user-data-dir={profile}",
             "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
