@@ -2,6 +2,8 @@
 #   make book   -> virtual environment, requirements, fp8lab, the rendered book in _build/html
 #   make test   -> the CPU lane: lint, the strict book build, unit tests, every notebook on the smoke preset
 #   make lab    -> JupyterLab on notebooks/ in the same .venv, with the project's kernel ("Python (fp8lab)")
+#   make page-check -> the rendered pages at 1280 px in headless Chromium (part of make test;
+#                      skipped, with a line saying so, where no Chromium is installed)
 # On a GPU box with Transformer Engine:
 #   make gpu-lane -> execute every chapter in place on the full preset and stamp it
 PYTHON ?= python3
@@ -12,8 +14,12 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 PYTEST_WORKERS ?= 2
+# The page check's browser: the first Chromium on PATH (CHROMIUM= turns the check off).
+CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser || command -v google-chrome)
+# e.g. PAGE_CHECK_ARGS="--screenshots _build/page-shots --strict-figures"
+PAGE_CHECK_ARGS ?=
 
-.PHONY: book test lint unit notebooks book-strict gpu-lane check-stamps lab kernel clean
+.PHONY: book test lint unit notebooks book-strict page-check gpu-lane check-stamps lab kernel clean
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -29,6 +35,16 @@ book-strict: $(BIN)/.installed
 	rm -rf _build
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
+# Builds the book first where no build is there.
+page-check: $(BIN)/.installed
+	@if [ -z "$(CHROMIUM)" ]; then \
+	  echo "page-check: NOT RUN: no Chromium found (looked for chromium, chromium-browser," \
+	    "google-chrome); install one (apt-get install chromium) or set CHROMIUM=/path/to/it"; \
+	else \
+	  { test -f _build/html/index.html || $(BIN)/jupyter-book build . -W -n --keep-going; } && \
+	  $(BIN)/python -m tools.page_check _build/html --browser "$(CHROMIUM)" $(PAGE_CHECK_ARGS); \
+	fi
+
 lint: $(BIN)/.installed
 	$(BIN)/ruff check fp8lab tools tests
 
@@ -39,6 +55,7 @@ notebooks: $(BIN)/.installed
 	FP8LAB_PRESET=smoke $(BIN)/python -m pytest -q --nbmake -n $(PYTEST_WORKERS) $$($(BIN)/python -m tools.lane list)
 
 test: $(BIN)/.installed lint book-strict check-stamps
+	@$(MAKE) --no-print-directory page-check
 	FP8LAB_PRESET=smoke $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --nbmake tests $$($(BIN)/python -m tools.lane list)
 
 gpu-lane:
