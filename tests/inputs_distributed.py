@@ -8,7 +8,8 @@ from pathlib import Path
 
 import hypothesis.strategies as st
 
-from fp8lab import collectives, distributed, parallel
+from fp8lab import collectives, distributed
+from fp8lab.parallel import worker
 from tests.property_support import TINY, Entry, ints, maybe, reals
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
@@ -164,8 +165,8 @@ ENTRIES = {
     "distributed.worker_environment": Entry(
         distributed.worker_environment, {"extra": maybe(st.just({"A": "1"}))}
     ),
-    "parallel.main": Entry(
-        parallel.main,
+    "parallel.worker.main": Entry(
+        worker.main,
         {"argv": maybe(st.just(["--plan", "/nonexistent/plan.json", "--out", "/tmp"]))},
     ),
 }

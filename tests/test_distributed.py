@@ -315,6 +315,7 @@ def test_committed_multi_gpu_results_are_stamped(root):
         record = distributed.load(path).stamp
         status = stamp_module.record_status(record, path.name, gpus=gpus)
         assert status.broken == () and status.state in ("fresh", "pending")
+        assert not math.isnan(float(record.get("gpu_count", math.nan)))
 
 
 def test_results_of_a_module_that_moved_are_pending_not_broken():
@@ -329,4 +330,3 @@ def test_results_of_a_module_that_moved_are_pending_not_broken():
     record["library_modules"] = modules
     status = stamp_module.record_status(record, "results.json", gpus=2)
     assert status.state == "pending" and "fp8lab.parallel_worker" in status.changed
-        assert not math.isnan(float(record.get("gpu_count", math.nan)))

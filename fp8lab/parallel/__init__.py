@@ -15,18 +15,6 @@
 * :mod:`~fp8lab.parallel.jobs` -- the launcher's side: starting, watching and ending one job
   (no torch).
 
-``main`` is imported on first use, so that ``python -m fp8lab.parallel.worker`` and the
+This package imports none of them, so that ``python -m fp8lab.parallel.worker`` and the
 launcher's :mod:`~fp8lab.parallel.jobs` load nothing they do not run.
 """
-
-import importlib
-
-_LAZY = {"main": "fp8lab.parallel.worker"}
-
-__all__ = ["main"]
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'fp8lab.parallel' has no attribute {name!r}")
