@@ -22,6 +22,10 @@ sequence parallelism (each all-reduce becomes an all-gather plus a reduce-scatte
 total; TE also re-gathers the two column-parallel inputs for the weight gradients;
 Korthikanti et al. 2022) and context parallelism (K and V passed around a ring, forward and
 backward, plus the gradient all-reduce). Counts are per GPU and per step.
+
+A collective has at least 2 ranks (on one, :func:`collective_time` is 0: nothing moves), and a
+layout's ``n`` must divide what it cuts: the FFN width ``F`` under tensor parallelism, the
+sequence ``S`` under sequence and context parallelism.
 """
 
 from __future__ import annotations

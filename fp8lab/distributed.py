@@ -84,7 +84,8 @@ class Task:
     """One experiment of a launch: ``kind`` names the worker function, ``args`` its inputs.
 
     ``timeout_s`` bounds the task once it has started; ``env`` is extra environment for the
-    processes (tasks with different environments run in different jobs).
+    processes (tasks with different environments run in different jobs). A learning rate in
+    ``args`` (``lr``) must be finite and positive.
     """
 
     name: str
