@@ -21,8 +21,9 @@ presets;
 step
 * :mod:`fp8lab.corpus` -- real text without a download (the standard library's source), a BPE
   tokenizer, packed batches (chapter 09)
-* :mod:`fp8lab.distributed`, :mod:`fp8lab.parallel_worker`, :mod:`fp8lab.collectives` -- runs on
-  several GPUs (torchrun), the processes they start, and what communication costs (chapter 08)
+* :mod:`fp8lab.distributed`, :mod:`fp8lab.parallel`, :mod:`fp8lab.collectives` -- runs on
+  several GPUs (torchrun), the processes they start (each layout's TE code in
+  :mod:`fp8lab.parallel.layouts`), and what communication costs (chapter 08)
 * :mod:`fp8lab.reference` -- a CPU reference of Transformer Engine's API and FP8 numerics
 * :mod:`fp8lab.book` -- glue and number formats for the prose; progress bars for the terminal
 * :mod:`fp8lab.checks` -- the input checks every entry point shares

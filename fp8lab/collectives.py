@@ -22,6 +22,10 @@ sequence parallelism (each all-reduce becomes an all-gather plus a reduce-scatte
 total; TE also re-gathers the two column-parallel inputs for the weight gradients;
 Korthikanti et al. 2022) and context parallelism (K and V passed around a ring, forward and
 backward, plus the gradient all-reduce). Counts are per GPU and per step.
+
+A collective has at least 2 ranks (on one, :func:`collective_time` is 0: nothing moves), and a
+layout's ``n`` must divide what it cuts: the FFN width ``F`` under tensor parallelism, the
+sequence ``S`` under sequence and context parallelism.
 """
 
 from __future__ import annotations
@@ -59,8 +63,17 @@ def bus_factor(op: str, n: int) -> float:
     return (2.0 if op == "all_reduce" else 1.0) * (n - 1) / n
 
 
+def _two_or_more(n: int) -> int:
+    """``n`` ranks of a collective: an integer >= 2 (one rank exchanges nothing)."""
+    n = checks.integer("n", n)
+    if n < 2:
+        raise ValueError(f"n={n}: a collective needs at least 2 ranks (one GPU sends nothing)")
+    return n
+
+
 def bus_bandwidth(op: str, nbytes: float, seconds: float, n: int) -> float:
     """nccl-tests' bus bandwidth in GB/s (10^9 bytes per second) of one collective."""
+    _two_or_more(n)
     nbytes = checks.number("nbytes", nbytes, positive=True)
     seconds = checks.number("seconds", seconds, positive=True)
     return nbytes / seconds * bus_factor(op, n) / 1e9
@@ -88,7 +101,7 @@ class AlphaBeta:
 
     def __post_init__(self):
         checks.choice("op", self.op, OPS)
-        checks.integer("n", self.n)
+        _two_or_more(self.n)
         checks.number("alpha_s", self.alpha_s, non_negative=True)
         checks.number("bus_gbs", self.bus_gbs, positive=True)
 
@@ -112,9 +125,7 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], op: str, n
     """Fit ``t = alpha + factor(n) * m / beta`` to measured times (weighted least squares on
     relative error; ``alpha`` is clipped at 0)."""
     checks.choice("op", op, OPS)
-    checks.integer("n", n)
-    if n < 2:
-        raise ValueError(f"n={n}: a collective needs at least 2 ranks")
+    _two_or_more(n)
     if isinstance(nbytes, (str, bytes)) or not isinstance(nbytes, Sequence):
         raise TypeError("nbytes must be a sequence of message sizes")
     if isinstance(seconds, (str, bytes)) or not isinstance(seconds, Sequence):
@@ -159,13 +170,63 @@ class Collective:
             raise TypeError(f"name={self.name!r}: must be a string")
         checks.choice("op", self.op, OPS)
         checks.number("nbytes", self.nbytes, non_negative=True)
-        checks.integer("n", self.n)
+        _two_or_more(self.n)
         checks.integer("count", self.count)
 
     @property
     def bytes_sent(self) -> float:
         """Bytes each rank sends for all ``count`` calls."""
         return self.count * self.nbytes * bus_factor(self.op, self.n)
+
+
+def _data_parallel_traffic(params: float, layout: str, n: int, weight_bytes, grad_bytes):
+    if layout == "DP":
+        return [Collective("gradients", "all_reduce", params * grad_bytes, n)]
+    return [
+        Collective("weights (forward)", "all_gather", params * weight_bytes, n),
+        Collective("weights (backward)", "all_gather", params * weight_bytes, n),
+        Collective("gradients", "reduce_scatter", params * grad_bytes, n),
+    ]
+
+
+def _tensor_parallel_traffic(activations: float, layout: str, n: int, layers: int):
+    count = 2 * layers  # two tensor-parallel blocks per layer: attention and MLP
+    if layout == "TP":
+        return [
+            Collective("activations (forward)", "all_reduce", activations, n, count),
+            Collective("activation gradients (backward)", "all_reduce", activations, n, count),
+        ]
+    gather, scatter = "all_gather", "reduce_scatter"
+    return [
+        Collective("inputs of QKV and FC1 (forward)", gather, activations, n, count),
+        Collective("outputs of proj and FC2 (forward)", scatter, activations, n, count),
+        Collective("output gradients of proj and FC2", gather, activations, n, count),
+        Collective("inputs of QKV and FC1 again (weight gradients)", gather, activations, n, count),
+        Collective("input gradients of QKV and FC1", scatter, activations, n, count),
+    ]
+
+
+def _context_parallel_traffic(cfg, params, batch, seq, n, grad_bytes, activation_bytes):
+    kv = 2 * (seq // n) * batch * cfg.kv_size * activation_bytes  # K and V of one chunk
+    hops = cfg.num_layers * (n - 1)
+    return [
+        Collective("K, V around the ring (forward)", "send_recv", kv, n, hops),
+        Collective("K, V and their gradients (backward)", "send_recv", 2 * kv, n, hops),
+        Collective("gradients", "all_reduce", params * grad_bytes, n),
+    ]
+
+
+def _check_split(cfg: TransformerConfig, layout: str, seq: int, n: int) -> None:
+    """What a layout cuts into ``n`` parts must divide by ``n``: the heads and FFN columns of
+    tensor parallelism, the sequence of sequence and context parallelism."""
+    if layout in ("TP", "TP+SP") and cfg.ffn_hidden_size % n:
+        raise ValueError(
+            f"n={n}: tensor parallelism needs n to divide cfg.ffn_hidden_size="
+            f"{cfg.ffn_hidden_size} (F)"
+        )
+    if layout in ("TP+SP", "CP") and seq % n:
+        name = "sequence" if layout == "TP+SP" else "context"
+        raise ValueError(f"seq={seq}: {name} parallelism needs n={n} to divide it")
 
 
 def step_traffic(
@@ -190,54 +251,18 @@ def step_traffic(
     checks.choice("layout", layout, LAYOUTS)
     checks.integer("batch", batch)
     checks.integer("seq", seq)
-    checks.integer("n", n)
+    _two_or_more(n)
+    _check_split(cfg, layout, seq, n)
     weight_bytes = checks.number("weight_bytes", weight_bytes, positive=True)
     grad_bytes = checks.number("grad_bytes", grad_bytes, positive=True)
     activation_bytes = checks.number("activation_bytes", activation_bytes, positive=True)
-    layers = cfg.num_layers
-    params = layers * sum(layer_parameters(cfg).values())
-    if layout == "DP":
-        return [Collective("gradients", "all_reduce", params * grad_bytes, n)]
-    if layout == "FSDP":
-        return [
-            Collective("weights (forward)", "all_gather", params * weight_bytes, n),
-            Collective("weights (backward)", "all_gather", params * weight_bytes, n),
-            Collective("gradients", "reduce_scatter", params * grad_bytes, n),
-        ]
-    activations = seq * batch * cfg.hidden_size * activation_bytes
-    if layout == "TP":
-        return [
-            Collective("activations (forward)", "all_reduce", activations, n, 2 * layers),
-            Collective("activation gradients (backward)", "all_reduce", activations, n, 2 * layers),
-        ]
-    if layout == "TP+SP":
-        return [
-            Collective("inputs of QKV and FC1 (forward)", "all_gather", activations, n, 2 * layers),
-            Collective(
-                "outputs of proj and FC2 (forward)", "reduce_scatter", activations, n, 2 * layers
-            ),
-            Collective(
-                "output gradients of proj and FC2", "all_gather", activations, n, 2 * layers
-            ),
-            Collective(
-                "inputs of QKV and FC1 again (weight gradients)",
-                "all_gather",
-                activations,
-                n,
-                2 * layers,
-            ),
-            Collective(
-                "input gradients of QKV and FC1", "reduce_scatter", activations, n, 2 * layers
-            ),
-        ]
-    if seq % n:
-        raise ValueError(f"seq={seq}: context parallelism needs n={n} to divide it")
-    kv = 2 * (seq // n) * batch * cfg.kv_size * activation_bytes  # K and V of one chunk
-    return [
-        Collective("K, V around the ring (forward)", "send_recv", kv, n, layers * (n - 1)),
-        Collective("K, V and their gradients (backward)", "send_recv", 2 * kv, n, layers * (n - 1)),
-        Collective("gradients", "all_reduce", params * grad_bytes, n),
-    ]
+    params = cfg.num_layers * sum(layer_parameters(cfg).values())
+    if layout in ("DP", "FSDP"):
+        return _data_parallel_traffic(params, layout, n, weight_bytes, grad_bytes)
+    if layout in ("TP", "TP+SP"):
+        activations = seq * batch * cfg.hidden_size * activation_bytes
+        return _tensor_parallel_traffic(activations, layout, n, cfg.num_layers)
+    return _context_parallel_traffic(cfg, params, batch, seq, n, grad_bytes, activation_bytes)
 
 
 def traffic_time(traffic: Sequence[Collective], bus_gbs: float, alpha_s: float = 0.0) -> float:

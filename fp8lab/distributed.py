@@ -1,6 +1,6 @@
 """Run experiments on several GPUs (or CPU processes) and get their results back as data.
 
-:func:`launch` starts ``torchrun --nproc-per-node N`` on :mod:`fp8lab.parallel_worker`, one
+:func:`launch` starts ``torchrun --nproc-per-node N`` on :mod:`fp8lab.parallel.worker`, one
 process per GPU -- or, on a machine without CUDA, N CPU processes on the gloo backend that run
 the same code through fp8lab's CPU reference. One launch runs a list of :class:`Task`\\ s in
 order; rank 0 writes each task's result (times, memory per rank, correctness checks) as a
@@ -29,15 +29,12 @@ which is how the job leaves one machine.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import json
 import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from fp8lab import checks
+from fp8lab.parallel import jobs
+from fp8lab.parallel.jobs import WORKER
 
 __all__ = [
     "Run",
@@ -60,30 +59,24 @@ __all__ = [
     "worker_environment",
 ]
 
-WORKER = "fp8lab.parallel_worker"
-# Kinds of task the worker runs (fp8lab.parallel_worker.TASKS has one function per kind).
-KINDS = (
-    "links",
-    "amax",
-    "ddp_check",
-    "ddp",
-    "fsdp",
-    "tp_check",
-    "tp",
-    "cp_check",
-    "cp",
-    "timeline",
-    "sleep",
-)
+# Kinds of task the worker runs (fp8lab.parallel.worker.TASKS has one function per kind).
+KINDS = ("links", "amax", "ddp_check", "ddp", "fsdp", "tp_check", "tp", "cp_check", "cp")
+KINDS += ("timeline", "sleep")
 MULTICAST_OFF = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
     "UB_SKIPMC": "1",
 }
+# Where source() looks for a function of the worker (fp8lab.parallel.*), the layouts first.
+SOURCE_MODULES = ("layouts", "model", "tasks_speed", "tasks_checks", "measure", "process")
 ROOT = Path(__file__).resolve().parent.parent
-LOG_TAIL = 4000
-POLL_S = 0.25
+
+
+def _check_lr(args: Mapping) -> None:
+    """What the worker would refuse only once started: a learning rate must be finite, > 0."""
+    if "lr" in args:
+        checks.number("lr", args["lr"], positive=True)
 
 
 @dataclass(frozen=True)
@@ -91,7 +84,8 @@ class Task:
     """One experiment of a launch: ``kind`` names the worker function, ``args`` its inputs.
 
     ``timeout_s`` bounds the task once it has started; ``env`` is extra environment for the
-    processes (tasks with different environments run in different jobs).
+    processes (tasks with different environments run in different jobs). A learning rate in
+    ``args`` (``lr``) must be finite and positive.
     """
 
     name: str
@@ -112,6 +106,7 @@ class Task:
             json.dumps(dict(self.args))
         except (TypeError, ValueError) as error:
             raise TypeError(f"args must be JSON-serialisable: {error}") from None
+        _check_lr(self.args)
         checks.number("timeout_s", self.timeout_s, positive=True)
         if not isinstance(self.env, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
@@ -267,95 +262,85 @@ def command(
 
 
 def source(name: str) -> str:
-    """The source code of a function of the worker (what a task runs), to show in a chapter."""
+    """The source code of a function of the worker (what a task runs), to show in a chapter:
+    looked up in :mod:`fp8lab.parallel.layouts` first, then the worker's other modules."""
+    import importlib
     import inspect
-
-    from fp8lab import parallel_worker
 
     if not isinstance(name, str):
         raise TypeError(f"name={name!r}: must be the name of a function of {WORKER}")
-    function = getattr(parallel_worker, name, None)
-    if not callable(function):
-        raise ValueError(f"name={name!r}: {WORKER} has no function of that name")
-    return inspect.getsource(function)
+    for module in (f"fp8lab.parallel.{m}" for m in SOURCE_MODULES):
+        function = getattr(importlib.import_module(module), name, None)
+        if callable(function) and getattr(function, "__module__", None) == module:
+            return inspect.getsource(function)
+    raise ValueError(f"name={name!r}: {WORKER} and its modules have no function of that name")
 
 
 # --- the launch ------------------------------------------------------------------------------
 
 
-def _default_nproc() -> int:
+def _check_launch(tasks, nproc, shared, deadline_s, startup_timeout_s, keep):
+    """``launch``'s arguments, checked; returns ``(nproc, shared, deadline_s,
+    startup_timeout_s)``."""
+    if isinstance(tasks, Task) or not isinstance(tasks, Sequence):
+        raise TypeError("tasks must be a sequence of Task")
+    if not all(isinstance(t, Task) for t in tasks):
+        raise TypeError("tasks must be a sequence of Task")
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tasks: task names must be unique, got {names}")
+    nproc = jobs.default_nproc() if nproc is None else checks.integer("nproc", nproc)
+    shared = dict(shared or {})
     try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 2
-    except ImportError:
-        return 2
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+        json.dumps(shared)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"shared must be JSON-serialisable: {error}") from None
+    _check_lr(shared)
+    deadline_s = checks.number("deadline_s", deadline_s, positive=True)
+    startup_timeout_s = checks.number("startup_timeout_s", startup_timeout_s, positive=True)
+    checks.flag("keep", keep)
+    return nproc, shared, deadline_s, startup_timeout_s
 
 
-def _is_worker(pid: int) -> bool:
-    """True if ``pid`` is still a worker process of this package (not a reused id)."""
-    try:
-        return WORKER.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+def _result(task: Task, record: dict) -> TaskResult:
+    return TaskResult(
+        task.name,
+        task.kind,
+        bool(record.get("ok")),
+        record.get("data") or {},
+        record.get("error"),
+        float(record.get("seconds", 0.0)),
+    )
 
 
-def _end(process: subprocess.Popen, out: Path) -> None:
-    """End a job: torchrun first (it stops its workers), then any worker still alive, by id."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=15)
-    for pid_file in out.glob("pid.*"):
-        with contextlib.suppress(ValueError, OSError):
-            pid = int(pid_file.read_text())
-            if _is_worker(pid):
-                os.kill(pid, signal.SIGKILL)
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        process.wait()
-
-
-def _tail(path: Path) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return text[-LOG_TAIL:]
-
-
-def _watch(process, group, out: Path, begin: float, deadline_s: float, startup_timeout_s):
-    """Wait for a job; return ``(task name or None, why)`` if it has to be ended, else None."""
-    started = time.monotonic()
-    while process.poll() is None:
-        time.sleep(POLL_S)
-        now = time.monotonic()
-        running = [
-            t
-            for t in group
-            if (out / f"{t.name}.started").exists() and not (out / f"{t.name}.json").exists()
-        ]
-        if running:
-            task = running[-1]
-            since = (out / f"{task.name}.started").stat().st_mtime
-            if time.time() - since > task.timeout_s:
-                return task.name, f"timed out after {task.timeout_s:g} s"
-        elif now - started > startup_timeout_s and not any(
-            (out / f"{t.name}.started").exists() for t in group
-        ):
-            return None, f"no task started within {startup_timeout_s:g} s"
-        if now - begin > deadline_s:
-            return None, f"the run's deadline of {deadline_s:g} s passed"
-    return None
+def _run_jobs(tasks, nproc, shared, out: Path, python, limits) -> tuple[dict, list, list, dict]:
+    """One job per run of tasks with the same environment, a new job after a task that ended
+    its job, until every task has a result or the deadline passes; returns the results, the
+    command lines, the ends of the logs and the machine record."""
+    begin, deadline_s, _ = limits
+    results: dict[str, TaskResult] = {}
+    commands, logs, machine = [], [], {}
+    pending = list(tasks)
+    while pending and time.monotonic() - begin <= deadline_s:
+        group = jobs.next_group(pending)
+        plan = out / f"plan{len(commands) + 1}.json"
+        jobs.write_plan(plan, group, shared)
+        for stale in out.glob("pid.*"):
+            stale.unlink()
+        argv = command(nproc, plan=str(plan), out=str(out), python=python)
+        commands.append(shlex.join(["python", *argv[1:]]))
+        log = out / f"launch{len(commands)}.log"
+        env = worker_environment(dict(group[0].env))
+        failure, code, tail = jobs.run_job(argv, env, ROOT, log, group, out, limits)
+        logs.append(tail)
+        machine = machine or jobs.read_json(out / "machine.json") or {}
+        by_name = {t.name: t for t in group}
+        for name, record in jobs.collect(group, out, failure, code, tail).items():
+            results[name] = _result(by_name[name], record)
+        pending = [t for t in pending if t.name not in results]
+    for task in pending:
+        results[task.name] = _result(task, {"error": "skipped: the run's deadline passed"})
+    return results, commands, logs, machine
 
 
 def launch(
@@ -373,109 +358,14 @@ def launch(
     ``shared`` goes into every task's ``args`` (a task's own args win). Returns a :class:`Run`;
     a task that failed, timed out or was skipped has ``ok=False`` and its ``error``.
     """
-    if isinstance(tasks, Task) or not isinstance(tasks, Sequence):
-        raise TypeError("tasks must be a sequence of Task")
-    if not all(isinstance(t, Task) for t in tasks):
-        raise TypeError("tasks must be a sequence of Task")
-    names = [t.name for t in tasks]
-    if len(set(names)) != len(names):
-        raise ValueError(f"tasks: task names must be unique, got {names}")
-    nproc = _default_nproc() if nproc is None else checks.integer("nproc", nproc)
-    shared = dict(shared or {})
-    try:
-        json.dumps(shared)
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"shared must be JSON-serialisable: {error}") from None
-    deadline_s = checks.number("deadline_s", deadline_s, positive=True)
-    startup_timeout_s = checks.number("startup_timeout_s", startup_timeout_s, positive=True)
-    checks.flag("keep", keep)
-
+    nproc, shared, deadline_s, startup_timeout_s = _check_launch(
+        tasks, nproc, shared, deadline_s, startup_timeout_s, keep
+    )
     begin = time.monotonic()
     out = Path(tempfile.mkdtemp(prefix="fp8lab-run-"))
-    results: dict[str, TaskResult] = {}
-    commands, logs, machine = [], [], {}
-    pending = list(tasks)
     try:
-        launches = 0
-        while pending:
-            if time.monotonic() - begin > deadline_s:
-                break
-            env = dict(pending[0].env)
-            group = []
-            for task in pending:
-                if dict(task.env) != env:
-                    break
-                group.append(task)
-            launches += 1
-            plan = out / f"plan{launches}.json"
-            plan.write_text(
-                json.dumps(
-                    {
-                        "tasks": [
-                            {
-                                "name": t.name,
-                                "kind": t.kind,
-                                "args": {**shared, **dict(t.args)},
-                                "timeout_s": t.timeout_s,
-                            }
-                            for t in group
-                        ]
-                    }
-                )
-            )
-            for stale in out.glob("pid.*"):
-                stale.unlink()
-            argv = command(nproc, plan=str(plan), out=str(out), python=python)
-            commands.append(shlex.join(["python", *argv[1:]]))
-            log = out / f"launch{launches}.log"
-            with open(log, "wb") as stream:
-                process = subprocess.Popen(
-                    argv,
-                    cwd=ROOT,
-                    env=worker_environment(env),
-                    stdout=stream,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-                try:
-                    failure = _watch(process, group, out, begin, deadline_s, startup_timeout_s)
-                finally:
-                    _end(process, out)
-            tail = _tail(log)
-            logs.append(tail)
-            machine = machine or _read_json(out / "machine.json") or {}
-            progress = False
-            for task in group:
-                record = _read_json(out / f"{task.name}.json")
-                if record is not None:
-                    results[task.name] = TaskResult(
-                        task.name,
-                        task.kind,
-                        bool(record.get("ok")),
-                        record.get("data") or {},
-                        record.get("error"),
-                        float(record.get("seconds", 0.0)),
-                    )
-                    progress = True
-                elif (out / f"{task.name}.started").exists():
-                    why = failure[1] if failure and failure[0] in (task.name, None) else None
-                    why = why or f"the job ended (exit code {process.returncode}) during this task"
-                    results[task.name] = TaskResult(
-                        task.name, task.kind, False, {}, f"{why}\n{tail[-1500:]}", 0.0
-                    )
-                    progress = True
-                    break
-            if not progress:  # the job died before any task began: report them all
-                why = failure[1] if failure else f"the job exited with {process.returncode}"
-                for task in group:
-                    results[task.name] = TaskResult(
-                        task.name, task.kind, False, {}, f"{why}\n{tail[-1500:]}", 0.0
-                    )
-            pending = [t for t in pending if t.name not in results]
-        for task in pending:
-            results[task.name] = TaskResult(
-                task.name, task.kind, False, {}, "skipped: the run's deadline passed", 0.0
-            )
+        limits = (begin, deadline_s, startup_timeout_s)
+        results, commands, logs, machine = _run_jobs(tasks, nproc, shared, out, python, limits)
     finally:
         if not keep:
             shutil.rmtree(out, ignore_errors=True)
@@ -494,7 +384,8 @@ def _lane_stamp(machine: dict, preset: str) -> dict:
     notebook = {"cells": [{"cell_type": "code", "source": f"import {WORKER}, fp8lab.distributed"}]}
     keys = ("gpu_name", "gpu_count", "compute_capability", "torch", "cuda", "transformer_engine")
     keys += ("cudnn", "cudnn_torch")
-    record = stamp.stamp_record(stamp.library_modules(notebook), {k: machine.get(k) for k in keys})
+    facts = {k: machine[k] for k in keys if k in machine}  # no cuDNN recorded: the stamp says so
+    record = stamp.stamp_record(stamp.library_modules(notebook), facts)
     record["preset"] = preset
     return record
 

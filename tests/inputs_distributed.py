@@ -1,5 +1,5 @@
 """Property-test entries of the parallelism chapter's modules: collectives, distributed (the
-launcher) and parallel_worker (the processes it starts)."""
+launcher) and parallel (the processes it starts)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import hypothesis.strategies as st
 
-from fp8lab import collectives, distributed, parallel_worker
+from fp8lab import collectives, distributed
+from fp8lab.parallel import worker
 from tests.property_support import TINY, Entry, ints, maybe, reals
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
@@ -164,8 +165,8 @@ ENTRIES = {
     "distributed.worker_environment": Entry(
         distributed.worker_environment, {"extra": maybe(st.just({"A": "1"}))}
     ),
-    "parallel_worker.main": Entry(
-        parallel_worker.main,
+    "parallel.worker.main": Entry(
+        worker.main,
         {"argv": maybe(st.just(["--plan", "/nonexistent/plan.json", "--out", "/tmp"]))},
     ),
 }

@@ -9,19 +9,21 @@ a task that raises, one that hangs and one whose process dies.
 """
 
 import dataclasses
+import inspect
 import json
 import math
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
 
 from fp8lab import collectives, distributed
-from fp8lab import parallel_worker as worker
 from fp8lab import reference as te
 from fp8lab.config import TransformerConfig, preset_config
 from fp8lab.flops import layer_parameters
+from fp8lab.parallel import layouts, model, tasks_checks, worker
 
 TINY = TransformerConfig(64, 256, 4, num_layers=2, name="tiny stack")
 
@@ -86,32 +88,80 @@ def test_a_collective_on_one_rank_costs_nothing():
     assert collectives.collective_time("all_reduce", 1e9, 1, 100.0, 1e-5) == 0.0
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: collectives.Collective("x", "all_reduce", 1e6, 1),
+        lambda: collectives.AlphaBeta("all_gather", 1, 1e-5, 100.0),
+        lambda: collectives.bus_bandwidth("all_reduce", 1e6, 1e-3, 1),
+        lambda: collectives.step_traffic(TINY, "DP", 2, 32, 1),
+    ],
+)
+def test_a_collective_with_one_rank_is_refused(call):
+    with pytest.raises(ValueError, match=r"n=1: a collective needs at least 2 ranks"):
+        call()
+
+
+def test_tensor_and_sequence_parallel_traffic_needs_divisible_sizes():
+    odd = TINY.replace(ffn_hidden_size=250)  # F not divisible by 4
+    with pytest.raises(ValueError, match=r"n=4: .*ffn_hidden_size"):
+        collectives.step_traffic(odd, "TP", 2, 32, 4)
+    with pytest.raises(ValueError, match=r"seq=30: sequence parallelism needs n=4"):
+        collectives.step_traffic(TINY, "TP+SP", 2, 30, 4)
+    with pytest.raises(ValueError, match=r"seq=30: context parallelism needs n=4"):
+        collectives.step_traffic(TINY, "CP", 2, 30, 4)
+    assert collectives.step_traffic(TINY, "TP", 2, 30, 4)  # TP alone does not cut the sequence
+
+
 # --- the worker's pure helpers ---------------------------------------------------------------
 
 
 def test_dual_chunks_balance_causal_work():
     x = torch.arange(8)
-    assert worker.dual_chunks(x, 0, 2).tolist() == [0, 1, 6, 7]
-    assert worker.dual_chunks(x, 1, 2).tolist() == [2, 3, 4, 5]
+    assert layouts.dual_chunks(x, 0, 2).tolist() == [0, 1, 6, 7]
+    assert layouts.dual_chunks(x, 1, 2).tolist() == [2, 3, 4, 5]
+
+
+def test_the_launcher_knows_every_kind_of_task_the_worker_runs():
+    assert set(distributed.KINDS) == set(worker.TASKS)
+
+
+def test_the_chapter_shows_the_layouts_module():
+    for name in ("ddp_model", "fsdp_model"):
+        assert distributed.source(name) == inspect.getsource(getattr(layouts, name))
+    assert distributed.source("collective").startswith("def collective(")  # other modules too
+    with pytest.raises(ValueError, match="name"):
+        distributed.source("no_such_function")
+
+
+@pytest.mark.parametrize("lr", [math.nan, math.inf, -1e-3, 0.0])
+def test_a_learning_rate_must_be_finite_and_positive(lr):
+    with pytest.raises(ValueError, match=r"lr="):
+        distributed.Task("ddp_check", "ddp_check", {"lr": lr})
+    with pytest.raises(ValueError, match=r"lr="):
+        distributed.launch([], 2, shared={"lr": lr})
+    cpu = types.SimpleNamespace(cuda=False)
+    with pytest.raises(ValueError, match=r"lr="):
+        model.make_optimizer(cpu, torch.nn.Linear(2, 2).parameters(), lr=lr)
 
 
 def test_shard_parameter_follows_te_layouts():
     cfg = TransformerConfig(64, 256, 4, num_gqa_groups=2, num_layers=1)
     d, per_group = cfg.head_dim, cfg.num_attention_heads // cfg.groups + 2
     qkv = torch.arange(cfg.qkv_size * 64).reshape(cfg.qkv_size, 64)
-    local = worker.shard_parameter(
+    local = tasks_checks.shard_parameter(
         "0.self_attention.layernorm_qkv.weight", qkv, (cfg.qkv_size // 2, 64), 1, 2, cfg
     )
     rows = qkv.reshape(per_group, cfg.groups, d, 64)[:, 1].reshape(-1, 64)
     assert torch.equal(local, rows)
     fc2 = torch.arange(64 * 256).reshape(64, 256)
     assert torch.equal(
-        worker.shard_parameter("0.layernorm_mlp.fc2_weight", fc2, (64, 128), 1, 2, cfg),
+        tasks_checks.shard_parameter("0.layernorm_mlp.fc2_weight", fc2, (64, 128), 1, 2, cfg),
         fc2[:, 128:],
     )
     swiglu = cfg.replace(activation="swiglu")
     fc1 = torch.arange(512 * 64).reshape(512, 64)
-    local = worker.shard_parameter("0.layernorm_mlp.fc1_weight", fc1, (256, 64), 0, 2, swiglu)
+    local = tasks_checks.shard_parameter("0.layernorm_mlp.fc1_weight", fc1, (256, 64), 0, 2, swiglu)
     assert torch.equal(local, torch.cat([fc1[:128], fc1[256:384]]))
 
 
@@ -160,6 +210,7 @@ def run():
 
 def test_the_launcher_returns_each_ranks_data(run):
     assert run.nproc == 2 and run.machine["backend"] == "gloo"
+    assert run.machine["cudnn"] is None and "cudnn_torch" in run.machine  # no cuDNN on CPUs
     assert run["ok"].ok and [r["rank"] for r in run["ok"].rows] == [0, 1]
     assert run["ok"].data["world"] == 2
 
@@ -238,7 +289,7 @@ def test_the_worker_refuses_to_run_outside_torchrun(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys; from fp8lab.parallel_worker import main; "
+            "import sys; from fp8lab.parallel.worker import main; "
             f"main(['--plan', {str(plan)!r}, '--out', {str(tmp_path)!r}])",
         ],
         capture_output=True,
@@ -262,5 +313,20 @@ def test_committed_multi_gpu_results_are_stamped(root):
     for path in files:
         gpus = int(path.stem.split("_")[-1].removesuffix("gpu"))
         record = distributed.load(path).stamp
-        assert stamp_module.record_status(record, path.name, gpus=gpus).broken == ()
+        status = stamp_module.record_status(record, path.name, gpus=gpus)
+        assert status.broken == () and status.state in ("fresh", "pending")
         assert not math.isnan(float(record.get("gpu_count", math.nan)))
+
+
+def test_results_of_a_module_that_moved_are_pending_not_broken():
+    from fp8lab import stamp as stamp_module
+
+    modules = ["fp8lab.distributed", "fp8lab.parallel_worker"]  # the worker's old home
+    record = stamp_module.stamp_record(
+        ["fp8lab.distributed"],
+        {"gpu_name": "NVIDIA H100", "gpu_count": 2, "cuda": "13.0", "cudnn": "9.1.0"},
+        transformer_engine="2.0",
+    )
+    record["library_modules"] = modules
+    status = stamp_module.record_status(record, "results.json", gpus=2)
+    assert status.state == "pending" and "fp8lab.parallel_worker" in status.changed
