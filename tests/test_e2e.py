@@ -7,10 +7,9 @@ import math
 import pytest
 import torch
 
-from fp8lab import flops
+from fp8lab import e2e, flops
 from fp8lab import stamp as lane
 from fp8lab.config import preset_config
-from tools import train_e2e as e2e
 
 EXPECTED = e2e.expected_files()
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from fp8lab import e2e
 from fp8lab import stamp as lane
-from tools import e2e_speed
-from tools import train_e2e as e2e
+from fp8lab.e2e import speed as e2e_speed
 
 IN_THE_BOOK = any(p.name == "09_end_to_end.ipynb" for p in lane.toc_notebooks())
 
