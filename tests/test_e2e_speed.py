@@ -82,3 +82,21 @@ def test_the_measurement_runs_on_the_reference_without_what_it_cannot_run(tmp_pa
     assert e2e_speed.stamp(record, 1.0) is None
     with pytest.raises(ValueError, match="rounds"):
         e2e_speed.measure(bench, ("small",), rounds=1)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--models", "medium"], ["--rounds", "1"], ["--steps", "0"], ["--preset", "huge"]],
+)
+def test_the_command_line_refuses_bad_flags_without_a_traceback(argv):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "tools.e2e_speed", *argv],
+        capture_output=True,
+        text=True,
+        cwd=lane.ROOT,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "error:" in result.stderr

@@ -20,6 +20,20 @@ from fp8lab.e2e.settings import CORPUS, MODELS, PLANS, PRESETS, SETTINGS, Plan, 
 from fp8lab.models import GPT
 
 
+def _check_inputs(device, log, corpus, tokenizer) -> None:
+    if device is not None:
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError):
+            raise TypeError(f"device={checks.show(device)}: must be a torch device") from None
+    if log is not None and not callable(log):
+        raise TypeError(f"log={checks.show(log)}: must be callable or None")
+    if corpus is not None and not isinstance(corpus, text.Corpus):
+        raise TypeError(f"corpus={checks.show(corpus)}: must be a fp8lab.corpus.Corpus or None")
+    if tokenizer is not None and not callable(getattr(tokenizer, "get_vocab_size", None)):
+        raise TypeError(f"tokenizer={checks.show(tokenizer)}: must be a tokenizers.Tokenizer")
+
+
 class Bench:
     """The corpus, the tokenizer, the token streams and the initial weights, built once; then
     :meth:`run` trains one model in one setting and returns its result record."""
@@ -33,6 +47,7 @@ class Bench:
         tokenizer=None,
     ):
         self.preset = checks.choice("preset", preset or fp8lab.preset(), PRESETS)
+        _check_inputs(device, log, corpus, tokenizer)
         self.te, self.recipe = fp8lab.import_te()
         env = fp8lab.detect()
         self.device = torch.device(device) if device is not None else env.device

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from fp8lab import checks
 from fp8lab.training import lm_loss
+from fp8lab.training.state import check_model_and_optimizer, check_te_and_recipe
 
 
 @torch.no_grad()
@@ -20,6 +22,12 @@ def evaluate(model: torch.nn.Module, batches, te=None, fp8_recipe=None) -> float
     model trains in (BF16 autocast on a GPU, and ``te.autocast(recipe=fp8_recipe)`` with a
     recipe), without gradients: the FP8 amax history is not rolled (see the module docstring).
     The model is put in eval mode and back."""
+    check_model_and_optimizer(model, None, optional=True)
+    check_te_and_recipe(te, fp8_recipe)
+    if not isinstance(batches, (list, tuple)) or not batches:
+        raise TypeError(f"batches={checks.show(batches)}: must be a non-empty list of pairs")
+    if not all(isinstance(b, (list, tuple)) and len(b) == 2 for b in batches):
+        raise TypeError("batches: every batch must be an (inputs, targets) pair")
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()

@@ -36,14 +36,25 @@ def expected_files() -> list[str]:
     ]
 
 
+def _folder(name: str, value) -> Path:
+    if isinstance(value, bool) or not isinstance(value, (str, Path)) or not str(value):
+        raise TypeError(f"{name}={checks.show(value)}: must be a folder path")
+    return Path(value)
+
+
 def load_results(directory: Path | str = RESULTS_DIR) -> list[dict]:
     """Every result file of ``directory``, in name order."""
-    return [json.loads(path.read_text()) for path in sorted(Path(directory).glob("*.json"))]
+    directory = _folder("directory", directory)
+    if not directory.is_dir():
+        raise ValueError(f"directory={str(directory)!r}: no such folder")
+    return [json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))]
 
 
 def write_record(record: dict, out: Path | str = RESULTS_DIR) -> Path:
     """Write ``record`` to ``out`` under its :func:`result_name`; return the path."""
-    out = Path(out)
+    if not isinstance(record, dict) or not {"model", "setting", "seed"} <= set(record):
+        raise TypeError(f"record={checks.show(record)}: must be a result record (a dict)")
+    out = _folder("out", out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / result_name(record["model"], record["setting"], record["seed"])
     path.write_text(json.dumps(record, indent=1, allow_nan=False) + "\n")
