@@ -196,8 +196,6 @@ def check_micro_batches(micro_batches) -> list:
     return list(micro_batches)
 
 
-
-
 def check_accumulation(model: torch.nn.Module, mode: str) -> None:
     """``"fused"`` exactly when the model has TE modules built with
     ``fuse_wgrad_accumulation=True`` (they write into ``main_grad`` and nowhere else)."""

@@ -98,4 +98,3 @@ def time_step(
             "loss": results[-1].loss,
         },
     )
-

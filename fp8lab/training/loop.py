@@ -93,4 +93,3 @@ def final_loss(losses: Sequence[float], tail: float = 0.1) -> float:
     tail = checks.number("tail", tail, positive=True, maximum=1.0)
     count = max(1, int(round(values.size * tail)))
     return float(values[-count:].mean())
-

@@ -107,7 +107,6 @@ def check_model_and_optimizer(model, optimizer, optional: bool = False) -> None:
         )
 
 
-
 def check_te_and_recipe(te, fp8_recipe) -> None:
     """``te`` is the Transformer Engine module and ``fp8_recipe`` a recipe object (both from
     :func:`fp8lab.import_te`, the recipe built from its second value); a swapped pair, or the
@@ -232,4 +231,3 @@ def training_state_bytes(
             for value in getattr(module, cache, {}).values():
                 add(CACHE_WORKSPACES, value)
     return parts
-
