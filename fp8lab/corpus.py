@@ -37,6 +37,7 @@ import os
 import platform
 import sysconfig
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,7 +257,9 @@ def train_tokenizer(corpus: Corpus, vocab_size: int = 8192, cache: bool = True):
     ``vocab_size`` must be a multiple of 128 (256 byte tokens, the end-of-text token and the
     merges); a corpus too small for that many merges yields fewer, and a model over it pads its
     vocabulary back up (:func:`fp8lab.config.pad_vocab`). With ``cache``, the tokenizer is read
-    from (or written to) :func:`cache_dir`, keyed by the corpus hash and ``vocab_size``.
+    from (or written to) :func:`cache_dir`, keyed by the corpus hash and ``vocab_size``; a cached
+    file that cannot be read (cut short, damaged) is trained again and replaced, with a
+    ``RuntimeWarning``.
     """
     _require_corpus(corpus)
     vocab_size = checks.integer("vocab_size", vocab_size, minimum=384)
@@ -266,7 +269,15 @@ def train_tokenizer(corpus: Corpus, vocab_size: int = 8192, cache: bool = True):
     tk = _tokenizers()
     path = cache_dir() / f"bpe-{TOKENIZER_RECIPE}-v{vocab_size}-{corpus.sha256[:24]}.json"
     if cache and path.exists():
-        return tk.Tokenizer.from_file(str(path))
+        try:
+            return tk.Tokenizer.from_file(str(path))
+        except Exception as error:  # tokenizers raises a bare Exception for a damaged file
+            reason = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+            warnings.warn(
+                f"tokenizer cache {path} is unreadable ({reason}): training it again",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     tokenizer = tk.Tokenizer(tk.models.BPE())
     tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = tk.decoders.ByteLevel()

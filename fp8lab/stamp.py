@@ -397,7 +397,8 @@ def _pending(record: dict, modules: list[str]) -> tuple[list[str], list[str]]:
     elif record.get("cudnn_torch") and record["cudnn"] != record["cudnn_torch"]:
         reasons.append(f"made with two cuDNNs ({record['cudnn']} and {record['cudnn_torch']})")
     existing = [m for m in modules if _module_path(m, ROOT) is not None]
-    changed = _changed_modules(record, existing) + [m for m in modules if m not in existing]
+    gone = [m for m in modules if m not in existing]  # moved or removed since: pending too
+    changed = list(dict.fromkeys(_changed_modules(record, existing) + gone))
     if changed:
         reasons.append(f"the library changed since in {', '.join(changed)}; re-run pending")
     return reasons, changed

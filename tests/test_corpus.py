@@ -125,6 +125,18 @@ def test_the_tokenizer_is_deterministic_and_cached(small_corpus, tmp_path):
     )
 
 
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage"])
+def test_a_damaged_tokenizer_cache_is_trained_again_with_a_warning(small_corpus, damage):
+    expected = text.tokenizer_sha256(text.train_tokenizer(small_corpus, 384))
+    (path,) = text.cache_dir().glob(f"*v384-{small_corpus.sha256[:24]}.json")
+    whole = path.read_text()
+    path.write_text({"truncated": whole[: len(whole) // 2], "empty": "", "garbage": "\x00{"}[damage])
+    with pytest.warns(RuntimeWarning, match="tokenizer cache .* unreadable"):
+        again = text.train_tokenizer(small_corpus, 384)
+    assert text.tokenizer_sha256(again) == expected
+    assert path.read_text() == whole  # the cache holds a good copy again
+
+
 def test_the_token_stream_marks_the_end_of_every_file(small_corpus):
     tokenizer = text.train_tokenizer(small_corpus, 512, cache=False)
     stream = text.token_stream(small_corpus, tokenizer, "validation")

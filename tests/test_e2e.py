@@ -7,10 +7,9 @@ import math
 import pytest
 import torch
 
-from fp8lab import flops
+from fp8lab import e2e, flops
 from fp8lab import stamp as lane
 from fp8lab.config import preset_config
-from tools import train_e2e as e2e
 
 EXPECTED = e2e.expected_files()
 
@@ -193,3 +192,54 @@ def test_evaluate_is_the_mean_token_loss():
         [torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()) for x, y in batches]
     ).mean()
     assert e2e.evaluate(model, batches) == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_evaluation_runs_without_gradients():
+    """Without gradients TE does not roll a delayed-scaling amax history on autocast exit, so
+    validation leaves the scales of the next training steps alone."""
+    model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8))
+    seen = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(torch.is_grad_enabled()))
+    batches = [(torch.randint(0, 8, (2, 5)), torch.randint(0, 8, (2, 5)))]
+    e2e.evaluate(model, batches)
+    assert seen == [False] and model.training
+
+
+def test_a_recorded_module_that_is_gone_makes_a_stamp_pending(fake_machine):
+    modules = ["fp8lab.checks", "fp8lab.flops"]
+    stamp = lane.stamp_record(modules, fake_machine, run_seconds=1.0)
+    stamp["library_modules"].append("fp8lab.no_longer_here")
+    stamp["module_sha256"]["fp8lab.no_longer_here"] = "0" * 64
+    status = lane.record_status(stamp, "r.json")
+    assert status.state == lane.PENDING and status.broken == ()
+    assert status.changed == ("fp8lab.no_longer_here",)
+
+
+def _cli(*argv):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "tools.train_e2e", *argv],
+        capture_output=True,
+        text=True,
+        cwd=lane.ROOT,
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model", "medium", "--group", "te"],
+        ["--model", "small", "--group", "gpus"],
+        ["--model", "small", "--runs", "bf17"],
+        ["--model", "small", "--runs", "bf16:x"],
+        ["--model", "small", "--group", "te", "--steps", "0"],
+        ["--model", "small"],
+        ["--model", "small", "--group", "te", "--budget-s", "-1"],
+    ],
+)
+def test_the_command_line_refuses_bad_flags_without_a_traceback(argv):
+    result = _cli(*argv)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "error:" in result.stderr

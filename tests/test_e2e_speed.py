@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from fp8lab import e2e
 from fp8lab import stamp as lane
-from tools import e2e_speed
-from tools import train_e2e as e2e
+from fp8lab.e2e import speed as e2e_speed
 
 IN_THE_BOOK = any(p.name == "09_end_to_end.ipynb" for p in lane.toc_notebooks())
 
@@ -82,3 +82,21 @@ def test_the_measurement_runs_on_the_reference_without_what_it_cannot_run(tmp_pa
     assert e2e_speed.stamp(record, 1.0) is None
     with pytest.raises(ValueError, match="rounds"):
         e2e_speed.measure(bench, ("small",), rounds=1)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--models", "medium"], ["--rounds", "1"], ["--steps", "0"], ["--preset", "huge"]],
+)
+def test_the_command_line_refuses_bad_flags_without_a_traceback(argv):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "tools.e2e_speed", *argv],
+        capture_output=True,
+        text=True,
+        cwd=lane.ROOT,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "error:" in result.stderr

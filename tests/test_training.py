@@ -501,14 +501,11 @@ def test_train_leaves_the_peak_memory_counter_to_its_caller():
     assert result.peak_memory_bytes < 256 * 2**20  # the step measures its own peak
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fp8lab 0.2.0: train_step frees .grad at the start of a step but not .decoupled_grad, "
-    "so the previous step's gradients stay alive through the next forward and backward (2 bytes "
-    "per parameter in BF16; llama3-8b at S=4096 runs out of memory on an H200 in its second "
-    "step). Fixing it changes fp8lab.training and so every stamp that hashes it.",
-)
 def test_decoupled_gradients_do_not_outlive_their_step():
+    """train_step frees .grad at the start of a step; the optimizer's .decoupled_grad references
+    are dropped after its step, so the previous step's gradients are not alive through the next
+    forward and backward (2 bytes per parameter in BF16: llama3-8b at S=4096 would run out of
+    memory on an H200 in its second step)."""
     model = _gpt(dtype=torch.bfloat16)
     optimizer = ref.optimizers.FusedAdam(
         model.parameters(), lr=1e-3, master_weights=True, use_decoupled_grad=True
@@ -525,3 +522,65 @@ def test_decoupled_gradients_do_not_outlive_their_step():
     for _ in range(2):
         training.train_step(model, step, optimizer, te=ref)
     assert alive_in_forward == [False, False]
+    assert all(getattr(p, "decoupled_grad", None) is None for p in model.parameters())
+
+
+@pytest.mark.gpu
+def test_te_fused_adam_peak_does_not_grow_after_the_second_step():
+    """TE's FusedAdam(use_decoupled_grad=True) reads param.decoupled_grad; once train_step drops
+    it after the optimizer step, the third step's peak is the second's."""
+    import transformer_engine.pytorch as te
+
+    cfg = TransformerConfig(256, 1024, 4, num_layers=2, vocab_size=512, max_seq_len=64)
+    torch.manual_seed(0)
+    model = GPT(cfg, form="te_layer", te=te, params_dtype=torch.bfloat16, device="cuda")
+    optimizer = te.optimizers.FusedAdam(
+        model.parameters(), lr=1e-4, master_weights=True, use_decoupled_grad=True
+    )
+    tokens = torch.randint(0, cfg.vocab_size, (4, cfg.max_seq_len + 1), device="cuda")
+    step = [(tokens[:, :-1], tokens[:, 1:])]
+    peaks = [train_step(model, step, optimizer, te=te).peak_memory_bytes for _ in range(3)]
+    assert peaks[2] <= peaks[1] + 2**20, peaks
+    assert all(getattr(p, "decoupled_grad", None) is None for p in model.parameters())
+
+
+def test_lm_loss_refuses_targets_outside_the_vocabulary_or_all_ignored():
+    logits = torch.randn(2, 4, 8)
+    targets = torch.randint(0, 8, (2, 4))
+    for bad in (8, -1, 100):
+        wrong = targets.clone()
+        wrong[1, 2] = bad
+        with pytest.raises(ValueError, match=r"targets hold ids .*\[0, V=8\)"):
+            training.lm_loss(logits, wrong)
+    with pytest.raises(ValueError, match="targets: every id is the ignore index"):
+        training.lm_loss(logits, torch.full((2, 4), -100))
+    some_ignored = targets.clone()
+    some_ignored[0] = -100
+    expected = F.cross_entropy(logits.flatten(0, 1), some_ignored.flatten())
+    assert torch.equal(training.lm_loss(logits, some_ignored), expected)
+
+
+def test_train_step_refuses_targets_outside_the_vocabulary():
+    model = _gpt()
+    (inputs, targets), = _batches(1)
+    with pytest.raises(ValueError, match="targets"):
+        train_step(model, [(inputs, targets + CFG.vocab_size)], None)
+    with pytest.raises(ValueError, match="targets"):
+        training.train(
+            model, [(inputs, torch.full_like(targets, -100))], torch.optim.SGD(model.parameters())
+        )
+
+
+def test_swapped_te_and_recipe_say_which_is_which():
+    model, micro = _gpt(), _batches(1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for run in (
+        lambda **kw: train_step(model, micro, None, **kw),
+        lambda **kw: training.train(model, micro, optimizer, **kw),
+    ):
+        with pytest.raises(TypeError, match="te=.* not the TE module.*fp8_recipe= a recipe"):
+            run(te=ref_recipe.DelayedScaling(), fp8_recipe=ref)
+        with pytest.raises(TypeError, match="te=.* not the TE module"):
+            run(te=ref_recipe, fp8_recipe=ref_recipe.DelayedScaling())
+        with pytest.raises(TypeError, match="fp8_recipe=.* is a module, not a recipe"):
+            run(te=ref, fp8_recipe=ref_recipe)

@@ -1,239 +1,56 @@
 """Chapter 09's speed ratios, measured in alternating rounds.
 
-The long runs of :mod:`tools.train_e2e` run one setting after another, so a slow minute of a
-shared machine lands on whichever setting ran then. This script builds several settings of
-one model side by side on one GPU and times them in rounds, in a rotating order: every round
-times ``steps`` whole training steps of each setting (batch, forward, loss, backward, clipping,
-optimizer, ``loss.item()``), so every ratio is taken from neighbouring minutes, and the spread
-of a ratio over the rounds shows how far noise moved it.
-
-Each group of settings starts with TE BF16, the anchor every ratio of the chapter is taken
-against; settings that would not fit on the GPU together go into separate groups (the large
-model's four groups each hold four models' weights and optimizer states at most). The
-steps train at the plan's peak learning rate on the plan's batch shape, from the shared
-initial weights. Run it on a GPU box, one command for both models (about six minutes on one
-H200)::
+The command line of :mod:`fp8lab.e2e.speed`. Run it on a GPU box, one command for both models
+(about six minutes on one H200)::
 
     python -m tools.e2e_speed --out tests/gpu_results/e2e_speed.json
 
-The file is stamped like the long runs (the fp8lab modules both scripts import, and both
-scripts); the CPU lane checks the stamp (``tests/test_e2e_speed.py``).
+The file is stamped like the long runs (the fp8lab modules the kit imports, and this command);
+the CPU lane checks the stamp (``tests/test_e2e_speed.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from fp8lab import checks, training
-from fp8lab import corpus as text
-from tools import train_e2e as e2e
-
-RESULTS_FILE = e2e.ROOT / "tests" / "gpu_results" / "e2e_speed.json"
-ANCHOR = "bf16"
-GROUPS = {
-    "small": (tuple(e2e.SETTINGS),),
-    "large": (
-        ("bf16", "te-delayed", "te-fastest"),
-        ("bf16", "te-current", "te-block"),
-        ("bf16", "torch-bf16", "torch-bf16-compiled"),
-        ("bf16", "torch-bf16-compiled", "ao-tensorwise", "ao-rowwise"),
-    ),
-}
-SCHEMA = 1
+from fp8lab import e2e
+from fp8lab.e2e import speed
 
 
-def step_function(bench: e2e.Bench, model: str, setting: e2e.Setting, seed: int = 0):
-    """One more training step of ``model`` in ``setting`` per call (as
-    :meth:`tools.train_e2e.Bench.step_function`, for a setting given whole, so that the fastest
-    TE form can be built in each of its variants)."""
-    plan = bench.plan(model)
-    fp8_recipe = bench._fp8_recipe(setting, setting.fp8_attention)
-    _, optimizer, trained = bench._build(model, setting, fp8_recipe, setting.fp8_weights)
-    fp8 = {"te": bench.te, "fp8_recipe": fp8_recipe} if fp8_recipe is not None else {}
-    loader = text.PackedLoader(
-        bench.train_tokens, plan.batch, plan.seq, seed=seed, device=bench.device
-    )
-    batches = iter(loader)
-    options = training.StepOptions(max_grad_norm=plan.max_grad_norm)
-
-    def step():
-        return training.train(trained, [next(batches)], optimizer, options=options, **fp8)
-
-    return step
-
-
-def first_step_that_runs(bench: e2e.Bench, model: str, name: str):
-    """``(step, what ran)``: the fastest TE form tries its variants in the long runs' order
-    (FP8 attention and FP8 weights, then each alone) and keeps the first that takes a step."""
-    chosen = e2e.SETTINGS[name]
-    variants = e2e.FASTEST_VARIANTS if name == "te-fastest" else ((None, None),)
-    refused = []
-    for fp8_attention, fp8_weights in variants:
-        setting = chosen
-        if fp8_attention is not None:
-            setting = replace(chosen, fp8_attention=fp8_attention, fp8_weights=fp8_weights)
-        try:
-            step = step_function(bench, model, setting)
-            step()
-        except Exception as error:  # a variant this GPU or the reference cannot run
-            refused.append(f"{type(error).__name__}: {error}".splitlines()[0][:200])
-            bench.release()  # built first in its group (time_group): nothing else to lose
-            continue
-        what = {"fp8_attention": setting.fp8_attention, "fp8_weights": setting.fp8_weights}
-        return step, {**what, "refused": refused}
-    raise RuntimeError(f"{name}: no variant takes a step here: {' | '.join(refused)}")
-
-
-def runs_on_the_reference(setting: str) -> bool:
-    return e2e.SETTINGS[setting].gpu_only is None
-
-
-def time_group(
-    bench: e2e.Bench, model: str, settings: tuple[str, ...], rounds: int, steps: int, warmup: int
-) -> dict:
-    """Build ``settings`` of ``model`` side by side, warm each up, then time ``rounds`` rounds of
-    ``steps`` steps each in a rotating order. Returns ``{"settings", "ms_per_step",
-    "what_ran"}`` with one list per setting in ``ms_per_step``: its mean step time in each
-    round. The fastest TE form is built first, so that a variant it gives up frees its memory
-    before the others exist."""
-    cuda = bench.device.type == "cuda"
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
-    step_of, what_ran = {}, {}
-    for name in sorted(settings, key=lambda n: n != "te-fastest"):
-        step_of[name], what_ran[name] = first_step_that_runs(bench, model, name)
-    for step in step_of.values():
-        for _ in range(warmup):
-            step()
-    ms_per_step: dict[str, list[float]] = {name: [] for name in settings}
-    for index in range(rounds):
-        shift = index % len(settings)
-        for name in settings[shift:] + settings[:shift]:
-            sync()
-            begin = time.perf_counter()
-            for _ in range(steps):
-                step_of[name]()
-            sync()
-            ms_per_step[name].append(round((time.perf_counter() - begin) * 1e3 / steps, 3))
-    del step_of
-    bench.release()
-    return {"settings": list(settings), "ms_per_step": ms_per_step, "what_ran": what_ran}
-
-
-def measure(
-    bench: e2e.Bench,
-    models: tuple[str, ...] = e2e.MODELS,
-    rounds: int = 7,
-    steps: int = 10,
-    warmup: int = 5,
-    log=print,
-) -> dict:
-    """Every group of every model in ``models``; off the GPU, the compiled settings are left
-    out of their groups (the CPU lane does not compile)."""
-    rounds = checks.integer("rounds", rounds, minimum=2)
-    steps = checks.integer("steps", steps)
-    warmup = checks.integer("warmup", warmup, minimum=0)
-    record = {
-        "schema": SCHEMA,
-        "preset": bench.preset,
-        "rounds": rounds,
-        "steps": steps,
-        "warmup": warmup,
-        "models": {},
-    }
-    for model in models:
-        checks.choice("model", model, e2e.MODELS)
-        plan = bench.plan(model)
-        groups = []
-        for group in GROUPS[model]:
-            runnable = tuple(n for n in group if bench.on_gpu or runs_on_the_reference(n))
-            begin = time.perf_counter()
-            groups.append(time_group(bench, model, runnable, rounds, steps, warmup))
-            log(f"{model} {', '.join(runnable)}: {time.perf_counter() - begin:.0f} s")
-        record["models"][model] = {"tokens_per_step": plan.tokens_per_step, "groups": groups}
-    return record
-
-
-def ratio(record: dict, model: str, setting: str, baseline: str = ANCHOR) -> dict | None:
-    """How many times faster ``setting`` ran than ``baseline`` (time of ``baseline`` over time of
-    ``setting``), per round, from the first group of ``model`` that holds both: ``{"median",
-    "low", "high", "rounds"}``, or None where no group holds both."""
-    for group in record["models"][model]["groups"]:
-        times = group["ms_per_step"]
-        if setting in times and baseline in times:
-            per_round = np.array(times[baseline]) / np.array(times[setting])
-            return {
-                "median": float(np.median(per_round)),
-                "low": float(per_round.min()),
-                "high": float(per_round.max()),
-                "rounds": len(per_round),
-            }
-    return None
-
-
-def tokens_per_s(record: dict, model: str, setting: str) -> float | None:
-    """The median over rounds of ``setting``'s tokens/s (its first group), or None."""
-    entry = record["models"][model]
-    for group in entry["groups"]:
-        if setting in group["ms_per_step"]:
-            return entry["tokens_per_step"] / (np.median(group["ms_per_step"][setting]) / 1e3)
-    return None
-
-
-def stamp(record: dict, seconds: float) -> dict | None:
-    """The stamp of a full-preset measurement on a GPU with TE; None elsewhere."""
-    from fp8lab import stamp as lane
-
-    if not (record["preset"] == "full" and torch.cuda.is_available()):
-        return None
-    modules = sorted({*e2e.result_modules(), "tools.e2e_speed"})
-    return lane.stamp_record(modules, run_seconds=round(seconds, 1))
-
-
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tools.e2e_speed", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--out", type=Path, default=RESULTS_FILE)
+    parser.add_argument("--out", type=Path, default=speed.RESULTS_FILE)
     parser.add_argument("--models", default=",".join(e2e.MODELS))
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--preset", choices=e2e.PRESETS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
+    models = tuple(m.strip() for m in args.models.split(","))
+    unknown = [m for m in models if m not in e2e.MODELS]
+    if unknown:
+        parser.error(
+            f"--models: no model {', '.join(map(repr, unknown))} (choose from "
+            f"{', '.join(e2e.MODELS)})"
+        )
+    if args.rounds < 2:
+        parser.error(f"--rounds {args.rounds}: a ratio's spread needs at least 2 rounds")
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: must be a positive number of steps")
     begin = time.perf_counter()
     bench = e2e.Bench(args.preset, log=None)
-    models = tuple(m.strip() for m in args.models.split(","))
-    record = measure(
-        bench,
-        models,
-        rounds=args.rounds,
-        steps=args.steps,
-        log=lambda line: print(line, flush=True),
-    )
-    record["corpus"] = bench.corpus.describe()
-    record["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    record["stamp"] = stamp(record, time.perf_counter() - begin)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
-    for model in models:
-        for name in e2e.SETTINGS:
-            found = ratio(record, model, name)
-            if found and name != ANCHOR:
-                print(
-                    f"{model} {name}: {found['median']:.3f}x TE BF16 "
-                    f"({found['low']:.3f}-{found['high']:.3f})"
-                )
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    record = speed.measure_and_write(bench, models, args.out, args.rounds, args.steps, log)
+    print("\n".join(speed.summary(record, models)))
     print(f"done in {time.perf_counter() - begin:.0f} s")
     return 0
 
