@@ -12,9 +12,10 @@ Each rule is one function that returns what breaks it, so a failure names the ce
   so that the page shows the computation, not the plumbing;
 * a cell that builds widgets (``ipywidgets``, ``interact(``) carries ``remove-output``: the
   static book shows a static figure of the same thing instead of dead sliders;
-* figures are legible at book width: at least 110 dpi, at most 8 inches wide (the text column is
-  about 700 CSS pixels: a 9 pt label on a wider figure shrinks below 8 pt), and no font size
-  below 8 pt set in the code.
+* figures are legible at book width: at least 110 dpi, at most 5.7 inches wide (the text column
+  is about 700 CSS pixels, 5.6 inches at 120 dpi: a 9 pt label on a wider figure shrinks), and no
+  font size below 8 pt set in the code. Outputs stamped before 2026-11-24 were drawn for an
+  8-inch limit and stay accepted under it until their chapter runs again.
 
 Output rules apply to whatever outputs are committed (none where a notebook is committed
 cleared).
@@ -35,7 +36,9 @@ from fp8lab import stamp
 CHAPTERS = stamp.toc_notebooks()
 MAX_LINE = 88
 MIN_DPI = 110
-MAX_FIGURE_INCHES = 8.0
+MAX_FIGURE_INCHES = 5.7
+OLD_MAX_FIGURE_INCHES = 8.0  # for outputs stamped before BOOK_WIDTH_SINCE
+BOOK_WIDTH_SINCE = "2026-11-24"
 MIN_FONT_PT = 8
 
 WARNING = re.compile(r"\b\w*Warning\b|warnings\.warn|^[WE]\d{4} \d\d:\d\d", re.M)
@@ -194,8 +197,16 @@ def widgets_with_output(notebook: dict) -> list[str]:
     ]
 
 
+def max_figure_inches(notebook: dict) -> float:
+    """The widest figure a notebook's outputs may hold: book width, unless its stamp predates
+    the book-width rule (stamp dates are ``YYYY-MM-DD HH:MM UTC``, so they sort as text)."""
+    date = str(notebook.get("metadata", {}).get(stamp.STAMP_KEY, {}).get("date", ""))
+    return OLD_MAX_FIGURE_INCHES if date and date < BOOK_WIDTH_SINCE else MAX_FIGURE_INCHES
+
+
 def illegible_figures(notebook: dict) -> list[str]:
     found = []
+    widest = max_figure_inches(notebook)
     for number, cell in _code_cells(notebook):
         for size in FONT_SIZE.findall(_source(cell)):
             if float(size) < MIN_FONT_PT:
@@ -207,10 +218,10 @@ def illegible_figures(notebook: dict) -> list[str]:
             width, _, dpi = _png_size(png if isinstance(png, str) else "".join(png))
             if dpi is None or dpi < MIN_DPI - 1:
                 found.append(f"code cell {number}: a figure at {dpi} dpi (< {MIN_DPI})")
-            elif width / dpi > MAX_FIGURE_INCHES:
+            elif width / dpi > widest:
                 found.append(
                     f"code cell {number}: a figure {width / dpi:.1f} in wide "
-                    f"(> {MAX_FIGURE_INCHES}: its labels shrink below {MIN_FONT_PT} pt)"
+                    f"(> {widest}: its labels shrink below {MIN_FONT_PT} pt)"
                 )
     return found
 
@@ -290,5 +301,13 @@ def test_each_rule_catches_what_it_names():
     for width, dpi in ((600, 90), (1300, 120)):
         output = {"output_type": "display_data", "data": {"image/png": _png(width, 300, dpi)}}
         assert illegible_figures(_notebook(_code("show()", outputs=[output]))), (width, dpi)
-    output = {"output_type": "display_data", "data": {"image/png": _png(840, 300, 120)}}
+    output = {"output_type": "display_data", "data": {"image/png": _png(672, 300, 120)}}
     assert not illegible_figures(_notebook(_code("show()", outputs=[output])))
+    wide = {"output_type": "display_data", "data": {"image/png": _png(840, 300, 120)}}
+    assert illegible_figures(_notebook(_code("show()", outputs=[wide])))  # 7 in: too wide now
+    old, new = (
+        {**_notebook(_code("show()", outputs=[wide])), "metadata": {"fp8lab": {"date": date}}}
+        for date in ("2026-11-22 22:46 UTC", "2026-11-24 09:00 UTC")
+    )
+    assert not illegible_figures(old)  # stamped before the rule: the 8-inch limit
+    assert illegible_figures(new)
