@@ -35,12 +35,12 @@ from fp8lab.memory.layouts import bytes_per_parameter
 from fp8lab.memory.spec import StepSpec
 from fp8lab.parts import Part
 
-__all__ = ["ModuleSizes", "OuterSizes", "StepSizes", "step_sizes"]
+__all__ = ["StepSizes", "step_sizes"]
 
 
 @dataclass(frozen=True)
 class OuterSizes:
-    """Bytes of the model around the layers, for one micro-batch (see :func:`outer_sizes`)."""
+    """Bytes of the model around the layers, for one micro-batch (see :func:`_outer_sizes`)."""
 
     head_inputs: float  # saved by the final norm and the LM head
     held_logits: float  # the logits, held by the training loop until backward returns
@@ -141,7 +141,7 @@ def step_sizes(spec: StepSpec) -> StepSizes:
         saved_per_layer=sum(saved.values()),
         layer_input=layer_input,
         modules=modules,
-        outer=outer_sizes(spec, layer_input),
+        outer=_outer_sizes(spec, layer_input),
         optimizer_temporary=update_temp,
         state_init_transient=init_temp,
     )
@@ -242,7 +242,7 @@ def _module_sizes(
     )
 
 
-def outer_sizes(spec: StepSpec, layer_input: float) -> OuterSizes:
+def _outer_sizes(spec: StepSpec, layer_input: float) -> OuterSizes:
     """Bytes of the model around the layers (``fp8lab.models.GPT``), from PyTorch's semantics.
 
     * embedding output and, with learned positions, the sum: the transient of the forward's start;

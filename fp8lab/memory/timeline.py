@@ -14,7 +14,7 @@ from fp8lab.memory.constants import BACKWARD_SCRATCH
 from fp8lab.memory.sizes import StepSizes
 from fp8lab.parts import Part
 
-__all__ = ["Timeline", "simulate"]
+__all__ = ["simulate"]
 
 
 class Timeline:
