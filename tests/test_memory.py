@@ -608,3 +608,20 @@ def test_toy_configurations_keep_the_layout():
     config = MATRICES["heldout"][-1]
     small = toy(config)
     assert replace(small, model=config.model, seq=config.seq, batch=config.batch) == config
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--matrix", "unknown"], "invalid choice: 'unknown'"),
+        (["--limit", "0", "--dry-run"], "--limit 0: must be a positive number"),
+        (["--csv", "out.txt", "--dry-run"], "must name a .csv file"),
+    ],
+)
+def test_the_check_refuses_bad_flags_before_measuring(argv, message, capsys):
+    from tools.memory_check.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
