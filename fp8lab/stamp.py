@@ -214,8 +214,8 @@ def _closure(pending: set[str], root: Path, exclude: tuple[str, ...]) -> list[st
     seen: set[str] = set()
     while pending:
         module = pending.pop()
-        if module in seen or module in exclude:
-            continue
+        if module in seen or any(module == e or module.startswith(e + ".") for e in exclude):
+            continue  # an excluded package takes its submodules with it
         seen.add(module)
         path = _module_path(module, root)
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -397,7 +397,7 @@ def _pending(record: dict, modules: list[str]) -> tuple[list[str], list[str]]:
     elif record.get("cudnn_torch") and record["cudnn"] != record["cudnn_torch"]:
         reasons.append(f"made with two cuDNNs ({record['cudnn']} and {record['cudnn_torch']})")
     existing = [m for m in modules if _module_path(m, ROOT) is not None]
-    gone = [m for m in modules if m not in existing]  # moved or removed since: pending too
+    gone = [m for m in modules if m not in existing]  # moved or removed since: pending, not broken
     changed = list(dict.fromkeys(_changed_modules(record, existing) + gone))
     if changed:
         reasons.append(f"the library changed since in {', '.join(changed)}; re-run pending")

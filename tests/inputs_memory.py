@@ -3,13 +3,55 @@
 import hypothesis.strategies as st
 
 from fp8lab import flops, memory
+from fp8lab.memory.activations import saved_per_layer
+from fp8lab.memory.sizes import step_sizes
+from fp8lab.memory.spec import StepSpec, require_seq
+from fp8lab.memory.timeline import simulate
+from fp8lab.memory.tree import build_tree
 from tests.property_support import TINY, TINY_GQA, Entry, ints, maybe, reals
+
+# TINY and TINY_GQA hold 16 positions: longer sequences are rejected (tested in test_memory.py)
+SEQ = ints(1, TINY.max_seq_len)
 
 
 def _node(name, nbytes):
     node = memory.MemoryNode(name, nbytes)
     node.add("part", nbytes)
     return node.total
+
+
+def _spec_args():
+    """Arguments of a StepSpec (and of estimate) with the strategies that draw them."""
+    return {
+        "cfg": maybe(st.sampled_from([TINY, TINY_GQA])),
+        "batch": maybe(ints()),
+        "seq": maybe(SEQ),
+        "precision": maybe(st.sampled_from(["bf16", "fp8-delayed", "fp8-block"])),
+        "weights": maybe(st.sampled_from([None, "bf16", "fp32-autocast", "bf16-master"])),
+        "recompute": maybe(st.sampled_from(flops.RECOMPUTE)),
+        "layout": maybe(st.sampled_from([None, memory.Layout(tp=2, sequence_parallel=True)])),
+        "accumulation": maybe(ints(1, 4)),
+        "hidden_dropout": maybe(reals(0, 0.9)),
+    }
+
+
+SPEC_ALIASES = {
+    "layout": ["tp", "sequence parallelism"],
+    "seq": ["sequence parallelism"],
+    "precision": ["weights"],
+    "weights": ["precision"],
+}
+
+
+def _sized(part, **kwargs):
+    """One stage of the estimate, fed a checked StepSpec."""
+    sizes = step_sizes(StepSpec(**kwargs))
+    if part == "tree":
+        return build_tree(sizes).total
+    if part == "timeline":
+        timeline = simulate(sizes)
+        return {"peak": timeline.peak, "phases": timeline.phases}
+    return sizes
 
 
 def _fits(batch, headroom):
@@ -77,7 +119,7 @@ ENTRIES = {
         {
             "cfg": maybe(st.just(TINY)),
             "batch": maybe(ints()),
-            "seq": maybe(ints()),
+            "seq": maybe(SEQ),
             "tp": maybe(ints(1, 4)),
             "sequence_parallel": maybe(st.booleans()),
             "recompute": maybe(st.sampled_from(flops.RECOMPUTE)),
@@ -98,7 +140,7 @@ ENTRIES = {
         {
             "cfg": maybe(st.sampled_from([TINY, TINY_GQA])),
             "batch": maybe(ints()),
-            "seq": maybe(ints(1, 2048)),
+            "seq": maybe(SEQ),
             "precision": maybe(st.sampled_from(["bf16", "fp8-delayed", "fp8-block"])),
             "weights": maybe(st.sampled_from([None, "bf16", "fp32-autocast", "bf16-master"])),
             "optimizer": maybe(st.sampled_from(memory.OPTIMIZERS)),
@@ -125,11 +167,27 @@ ENTRIES = {
         memory.largest_micro_batch,
         {
             "cfg": maybe(st.just(TINY)),
-            "seq": maybe(ints(1, 2048)),
+            "seq": maybe(SEQ),
             "memory_bytes": maybe(reals(1e9, 1e11)),
             "headroom": maybe(reals(0.1, 1)),
             "context_bytes": maybe(reals(0, 1e9)),
             "max_batch": maybe(ints(1, 64)),
         },
+    ),
+    "memory.spec.StepSpec": Entry(StepSpec, _spec_args(), aliases=SPEC_ALIASES),
+    "memory.spec.require_seq": Entry(
+        require_seq, {"cfg": st.sampled_from([TINY, TINY_GQA]), "seq": maybe(SEQ)}
+    ),
+    "memory.sizes.step_sizes": Entry(
+        lambda **kwargs: _sized("sizes", **kwargs), _spec_args(), aliases=SPEC_ALIASES
+    ),
+    "memory.activations.saved_per_layer": Entry(
+        lambda **kwargs: saved_per_layer(StepSpec(**kwargs)), _spec_args(), aliases=SPEC_ALIASES
+    ),
+    "memory.timeline.simulate": Entry(
+        lambda **kwargs: _sized("timeline", **kwargs), _spec_args(), aliases=SPEC_ALIASES
+    ),
+    "memory.tree.build_tree": Entry(
+        lambda **kwargs: _sized("tree", **kwargs), _spec_args(), aliases=SPEC_ALIASES
     ),
 }

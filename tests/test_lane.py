@@ -151,6 +151,25 @@ def test_a_changed_library_makes_the_outputs_pending_and_names_the_module(
     assert "fp8lab.flops" in status.page_note() and "re-run pending" in status.page_note()
 
 
+def test_a_module_gone_since_the_run_makes_a_result_pending_not_broken(fake_machine):
+    """A module the stamp recorded that has moved (a module turned package, a split) is a
+    change of the library: pending, named once, with or without per-module hashes."""
+    record = stamp.stamp_record(["fp8lab.checks"], fake_machine)
+    record["library_modules"].append("fp8lab.moved_away")
+    record["module_sha256"]["fp8lab.moved_away"] = "0" * 64
+    status = stamp.record_status(record, "result.csv")
+    assert status.state == stamp.PENDING and status.changed == ("fp8lab.moved_away",)
+    del record["module_sha256"]
+    status = stamp.record_status(record, "result.csv")
+    assert status.state == stamp.PENDING and status.changed == ("fp8lab.moved_away",)
+
+
+def test_excluding_a_package_excludes_its_submodules():
+    notebook = {"cells": [{"cell_type": "code", "source": "from fp8lab.memory import estimate"}]}
+    modules = stamp.library_modules(notebook, exclude=("fp8lab.memory",))
+    assert not [m for m in modules if m == "fp8lab.memory" or m.startswith("fp8lab.memory.")]
+
+
 def test_a_stamp_without_one_cudnn_is_pending(tmp_path, fake_machine):
     path = _copy_of_chapter(tmp_path)
     old = {k: v for k, v in fake_machine.items() if not k.startswith("cudnn")}

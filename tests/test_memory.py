@@ -1,7 +1,9 @@
 """The memory estimator: published accounting, PyTorch's own allocations on a CPU, TE facts
 measured on an H200, and the peaks of complete training steps measured on an H200."""
 
+import dataclasses
 import hashlib
+import inspect
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -18,10 +20,15 @@ from fp8lab import stamp as stamps
 from fp8lab.config import TransformerConfig, preset_config
 from fp8lab.flops import RECOMPUTE, layer_parameters, parameter_count
 from fp8lab.memory import WEIGHTS, Part
+from fp8lab.memory.sizes import step_sizes
+from fp8lab.memory.spec import StepSpec, require_seq
+from fp8lab.memory.timeline import simulate
+from fp8lab.memory.tree import build_tree
 from tools.memory_check import FITS, MATRICES, MODELS, Config, stamp_path, summarise
 
 RESULTS = Path(__file__).parent / "gpu_results"
 MiB = memory.MiB
+_EMPTY = inspect.Parameter.empty
 
 
 # --- published accounting ------------------------------------------------------------------------
@@ -268,10 +275,78 @@ def test_bad_layouts():
         memory.estimate(cfg, 0, 128)
 
 
+def test_a_step_spec_rejects_a_sequence_longer_than_the_model():
+    """The model has no positions beyond ``max_seq_len``: every helper that takes a sequence
+    length says so, naming ``seq``."""
+    cfg = preset_config("gpt2-small")  # max_seq_len=1024
+    assert StepSpec(cfg, 1, 1024).seq == require_seq(cfg, 1024) == 1024
+    for call in (
+        lambda: StepSpec(cfg, 1, 1025),
+        lambda: require_seq(cfg, 1025),
+        lambda: memory.estimate(cfg, 1, 1025),
+        lambda: memory.korthikanti_activations(cfg, 1, 2048),
+        lambda: memory.largest_micro_batch(cfg, 2048),
+    ):
+        with pytest.raises(ValueError, match=r"seq=\d+: must be at most .*max_seq_len=1024"):
+            call()
+    with pytest.raises(TypeError, match="seq=1.5"):
+        StepSpec(cfg, 1, 1.5)
+
+
+def test_a_step_spec_resolves_what_its_arguments_imply():
+    spec = StepSpec(preset_config("gpt2-small"), 2, 512, precision="fp8-weights")
+    assert spec.parameter_layout is WEIGHTS["fp8-master"]
+    assert (spec.compute, spec.autocast, spec.layout) == ("fp8-delayed", True, memory.Layout())
+    assert (spec.tokens, spec.element, spec.fp8, spec.copies_part) == (
+        1024,
+        2,
+        True,
+        Part.FP8_WEIGHT_COPIES,
+    )
+    assert StepSpec(spec.cfg, 1, 8, include_optimizer=False).optimizer_used == "none"
+
+
+def test_a_step_spec_takes_exactly_the_arguments_of_estimate():
+    parameters = inspect.signature(memory.estimate).parameters
+    fields = [f for f in dataclasses.fields(StepSpec) if f.init]
+    assert [f.name for f in fields] == list(parameters)
+    for f in fields:
+        default = parameters[f.name].default
+        assert f.default == default or (f.default is dataclasses.MISSING and default is _EMPTY)
+
+
+@pytest.mark.parametrize("recompute", RECOMPUTE)
+@pytest.mark.parametrize("precision", ["bf16", "fp8-delayed", "fp8-weights"])
+def test_tree_and_timeline_read_the_same_sizes(precision, recompute):
+    """One source of sizes: the tree's parts are StepSizes' numbers, and changing one of them
+    moves the tree and the timeline alike."""
+    spec = StepSpec(preset_config("gpt2-small"), 2, 256, precision=precision, recompute=recompute)
+    sizes = step_sizes(spec)
+    tree = build_tree(sizes)
+    state = tree[Part.TRAINING_STATE]
+    assert state[Part.PARAMETERS].total == sizes.parameters
+    assert state[Part.GRADIENTS].total == sizes.gradients
+    assert state[Part.OPTIMIZER_STATES].total == sizes.states
+    assert tree[Part.LOGITS][Part.HELD_LOGITS].total == sizes.outer.held_logits
+    if sizes.copy_per_param:
+        assert tree[Part.FP8_EXTRAS][Part.FP8_WEIGHT_COPIES].total == sizes.weight_copies
+    est = memory.estimate(spec.cfg, 2, 256, precision=precision, recompute=recompute)
+    assert [(n.name, n.nbytes) for _, n in est.tree.walk()] == [
+        (n.name, n.nbytes) for _, n in tree.walk()
+    ]
+    assert est.timeline == tuple(simulate(sizes).events)
+    extra = 3 * 2**20
+    bigger = dataclasses.replace(sizes, parameters=sizes.parameters + extra)
+    assert build_tree(bigger).total == tree.total + extra
+    assert simulate(bigger).peak == pytest.approx(simulate(sizes).peak + extra)
+    built = dict(simulate(bigger).events)["build: model built"]
+    assert built == dict(simulate(sizes).events)["build: model built"] + extra
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     batch=st.integers(1, 16),
-    seq=st.sampled_from([128, 512, 2048]),
+    seq=st.sampled_from([128, 512, 1024]),  # gpt2-small: max_seq_len=1024
     layout=st.sampled_from(
         [
             ("bf16", "bf16"),
@@ -533,3 +608,20 @@ def test_toy_configurations_keep_the_layout():
     config = MATRICES["heldout"][-1]
     small = toy(config)
     assert replace(small, model=config.model, seq=config.seq, batch=config.batch) == config
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--matrix", "unknown"], "invalid choice: 'unknown'"),
+        (["--limit", "0", "--dry-run"], "--limit 0: must be a positive number"),
+        (["--csv", "out.txt", "--dry-run"], "must name a .csv file"),
+    ],
+)
+def test_the_check_refuses_bad_flags_before_measuring(argv, message, capsys):
+    from tools.memory_check.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

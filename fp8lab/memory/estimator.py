@@ -1,0 +1,127 @@
+"""The estimate of one training step's memory: :func:`estimate` and :class:`MemoryEstimate`.
+
+:func:`estimate` checks its inputs once (:class:`~fp8lab.memory.spec.StepSpec`), sizes every
+part once (:func:`~fp8lab.memory.sizes.step_sizes`), and hands those sizes to the breakdown tree
+and the simulated timeline, whose largest total is the predicted peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fp8lab.config import TransformerConfig
+from fp8lab.memory.constants import (
+    CUBLAS_WORKSPACE_HOPPER,
+    CUBLAS_WORKSPACE_OLDER,
+    CUDA_CONTEXT,
+    GiB,
+    MiB,
+)
+from fp8lab.memory.layouts import Layout
+from fp8lab.memory.sizes import step_sizes
+from fp8lab.memory.spec import StepSpec
+from fp8lab.memory.timeline import simulate
+from fp8lab.memory.tree import MemoryNode, build_tree
+from fp8lab.parts import Part
+
+__all__ = ["MemoryEstimate", "estimate"]
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The parts (a tree, each part at its largest), the predicted peak, and where it happens.
+
+    ``phases``: the peak of each phase (``"build"``, ``"forward"``, ``"backward"``,
+    ``"optimizer step"``); ``peak_event``: the moment of the peak; ``at_peak``: what is live
+    then, by part; ``timeline``: ``(event, live bytes)`` through the simulated steps;
+    ``runtime``: one-off memory beside the peak (cuBLAS workspace, CUDA context).
+    """
+
+    tree: MemoryNode
+    peak_bytes: float
+    runtime: MemoryNode
+    phases: dict = field(default_factory=dict)
+    peak_event: str = ""
+    at_peak: dict = field(default_factory=dict)
+    timeline: tuple = ()
+
+    @property
+    def peak_mib(self) -> float:
+        return self.peak_bytes / MiB
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GiB
+
+    def __str__(self) -> str:
+        return (
+            f"{self.tree}\npredicted peak: {self.peak_mib:,.1f} MiB at {self.peak_event}\n"
+            f"{self.runtime}"
+        )
+
+
+def estimate(
+    cfg: TransformerConfig,
+    batch: int,
+    seq: int,
+    *,
+    precision: str = "bf16",
+    weights: str | None = None,
+    optimizer: str = "adamw",
+    adamw_impl: str = "foreach",
+    recompute: str = "none",
+    layout: Layout | None = None,
+    accumulation: int = 1,
+    bf16_autocast: bool | None = None,
+    fp32_grads: bool = False,
+    hidden_dropout: float = 0.1,
+    flash_attention: bool = True,
+    hopper: bool = True,
+    amax_history_len: int = 1024,
+    include_optimizer: bool = True,
+) -> MemoryEstimate:
+    """The memory of training ``cfg`` at micro-batch ``batch`` and sequence ``seq`` (at most
+    ``cfg.max_seq_len``).
+
+    ``precision``: the layers' compute (:data:`COMPUTE`, or ``"fp8-weights"``); ``weights``: the
+    parameter layout (a key of :data:`WEIGHTS`; by default BF16 parameters with FP32 master
+    weights, or FP8 ones for ``"fp8-weights"``, see :func:`resolve_precision`); ``optimizer``
+    and, for ``torch.optim.AdamW``, ``adamw_impl``; ``recompute`` through ``te.checkpoint``
+    (``"selective"``: ``checkpoint_core_attention``); ``accumulation`` micro-batches per step;
+    ``bf16_autocast``: ``torch.autocast`` around the forward (``None``: as ``train_step`` on a
+    GPU, on unless the compute is FP32).
+
+    ``peak_bytes`` predicts the rise of ``torch.cuda.max_memory_allocated`` over building the
+    model and two training steps (``include_optimizer=False``: one forward and backward, no
+    optimizer state); ``runtime`` holds one-off memory beside it.
+    """
+    # fmt: off
+    spec = StepSpec(
+        cfg, batch, seq, precision=precision, weights=weights, optimizer=optimizer,
+        adamw_impl=adamw_impl, recompute=recompute, layout=layout, accumulation=accumulation,
+        bf16_autocast=bf16_autocast, fp32_grads=fp32_grads, hidden_dropout=hidden_dropout,
+        flash_attention=flash_attention, hopper=hopper, amax_history_len=amax_history_len,
+        include_optimizer=include_optimizer,
+    )
+    # fmt: on
+    sizes = step_sizes(spec)
+    tl = simulate(sizes)
+    return MemoryEstimate(
+        tree=build_tree(sizes),
+        peak_bytes=tl.peak,
+        runtime=runtime_node(spec),
+        phases=dict(tl.phases),
+        peak_event=tl.peak_event,
+        at_peak=dict(tl.at_peak),
+        timeline=tuple(tl.events),
+    )
+
+
+def runtime_node(spec: StepSpec) -> MemoryNode:
+    """One-off memory beside the peak: TE's cuBLAS workspace (not in FP32) and the CUDA context."""
+    runtime = MemoryNode("runtime (once per process)")
+    if spec.compute != "fp32":
+        workspace = CUBLAS_WORKSPACE_HOPPER if spec.hopper else CUBLAS_WORKSPACE_OLDER
+        runtime.add(Part.CUBLAS_WORKSPACE, workspace)
+    runtime.add(Part.CUDA_CONTEXT, CUDA_CONTEXT)
+    return runtime

@@ -1,0 +1,138 @@
+"""The inputs of one memory estimate, checked once: :class:`StepSpec`.
+
+:func:`fp8lab.memory.estimate` takes many arguments (the model, the micro-batch, the parameter
+layout, the compute precision, the optimizer, recompute, parallelism and more); a
+:class:`StepSpec` holds them, rejects bad ones with a ``ValueError``/``TypeError`` naming the
+argument, and resolves what they imply (the parameter layout, the compute precision, whether
+``torch.autocast`` runs), so the sizing code downstream trusts its input.
+:func:`require_seq` is the one check of a sequence length against the model's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fp8lab import checks
+from fp8lab.config import TransformerConfig, require_config
+from fp8lab.flops import RECOMPUTE
+from fp8lab.memory.constants import ADAMW_IMPLS, OPTIMIZERS
+from fp8lab.memory.layouts import Layout, Weights, resolve_precision
+from fp8lab.parts import Part
+
+__all__ = ["StepSpec", "require_seq"]
+
+
+def require_seq(cfg: TransformerConfig, seq: int, name: str = "seq") -> int:
+    """``seq`` if it is a positive integer no longer than ``cfg.max_seq_len``, else a
+    ``ValueError``/``TypeError`` naming ``name`` (the model has no positions beyond it)."""
+    checks.integer(name, seq)
+    if seq > cfg.max_seq_len:
+        raise ValueError(
+            f"{name}={seq}: must be at most the model's max_seq_len={cfg.max_seq_len}"
+        )
+    return seq
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What one training step of ``cfg`` runs: micro-batch ``batch`` x ``seq`` tokens, and how.
+
+    The fields are :func:`fp8lab.memory.estimate`'s arguments (``layout=None`` becomes one GPU);
+    ``parameter_layout``, ``compute`` and ``autocast`` are what they resolve to.
+    """
+
+    cfg: TransformerConfig
+    batch: int
+    seq: int
+    precision: str = "bf16"
+    weights: str | None = None
+    optimizer: str = "adamw"
+    adamw_impl: str = "foreach"
+    recompute: str = "none"
+    layout: Layout | None = None
+    accumulation: int = 1
+    bf16_autocast: bool | None = None
+    fp32_grads: bool = False
+    hidden_dropout: float = 0.1
+    flash_attention: bool = True
+    hopper: bool = True
+    amax_history_len: int = 1024
+    include_optimizer: bool = True
+    parameter_layout: Weights = field(init=False)
+    compute: str = field(init=False)
+    autocast: bool = field(init=False)
+
+    def __post_init__(self):
+        require_config(self.cfg)
+        checks.integer("batch", self.batch)
+        require_seq(self.cfg, self.seq)
+        parameter_layout, compute = resolve_precision(self.precision, self.weights)
+        object.__setattr__(self, "parameter_layout", parameter_layout)
+        object.__setattr__(self, "compute", compute)
+        checks.choice("optimizer", self.optimizer, OPTIMIZERS)
+        checks.choice("adamw_impl", self.adamw_impl, ADAMW_IMPLS)
+        checks.choice("recompute", self.recompute, RECOMPUTE)
+        layout = Layout() if self.layout is None else self.layout
+        if not isinstance(layout, Layout):
+            raise TypeError(f"layout must be a memory.Layout, not {type(layout).__name__}")
+        object.__setattr__(self, "layout", layout)
+        checks.integer("accumulation", self.accumulation)
+        self._check_autocast()
+        checks.flag("fp32_grads", self.fp32_grads)
+        checks.probability("hidden_dropout", self.hidden_dropout)
+        checks.flag("flash_attention", self.flash_attention)
+        checks.flag("hopper", self.hopper)
+        checks.integer("amax_history_len", self.amax_history_len)
+        checks.flag("include_optimizer", self.include_optimizer)
+        self._check_parallelism()
+
+    def _check_autocast(self) -> None:
+        """Resolve ``bf16_autocast`` (``None``: on unless the compute is FP32) against the
+        parameter layout, which fixes it for FP32 parameters and FP32 compute."""
+        autocast = self.compute != "fp32" if self.bf16_autocast is None else self.bf16_autocast
+        checks.flag("bf16_autocast", autocast)
+        needed = self.parameter_layout.autocast
+        if autocast != needed and (needed or self.compute == "fp32"):
+            raise ValueError(
+                f"bf16_autocast={self.bf16_autocast}: weights={self.parameter_layout.name!r} with "
+                f"precision={self.precision!r} runs {'with' if needed else 'without'} "
+                "torch.autocast"
+            )
+        object.__setattr__(self, "autocast", autocast)
+
+    def _check_parallelism(self) -> None:
+        cfg, tp = self.cfg, self.layout.tp
+        if cfg.hidden_size % tp or cfg.ffn_hidden_size % tp or cfg.groups % tp:
+            raise ValueError(f"tp={tp} must divide hidden_size, ffn_hidden_size and num_gqa_groups")
+        if self.layout.sequence_parallel and self.seq % tp:
+            raise ValueError(f"sequence parallelism needs tp={tp} to divide seq={self.seq}")
+
+    @property
+    def fp8(self) -> bool:
+        """Do the layers' GEMMs run in FP8?"""
+        return self.compute.startswith("fp8")
+
+    @property
+    def element(self) -> int:
+        """Bytes of one activation element: 4 in FP32 compute, else 2 (BF16)."""
+        return 4 if self.compute == "fp32" else 2
+
+    @property
+    def optimizer_used(self) -> str:
+        """The optimizer whose state exists: ``"none"`` when the estimate leaves it out."""
+        return self.optimizer if self.include_optimizer else "none"
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one micro-batch (B * S)."""
+        return self.batch * self.seq
+
+    @property
+    def rep(self) -> int:
+        """What divides the tensors tensor parallelism replicates (tp under SP, else 1)."""
+        return self.layout.tp if self.layout.sequence_parallel else 1
+
+    @property
+    def copies_part(self) -> str:
+        """The part the layers' weight copies count under: FP8 copies, or autocast's BF16 ones."""
+        return Part.FP8_WEIGHT_COPIES if self.fp8 else Part.AUTOCAST_COPIES

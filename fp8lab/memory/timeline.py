@@ -1,0 +1,158 @@
+"""The training step simulated event by event: live bytes by part, and the largest total.
+
+The step is the book's (:func:`fp8lab.training.train_step`): build the model, then for two steps
+a forward and backward per micro-batch (embeddings, each layer's saved tensors and weight
+copies, final norm, LM head, logits and loss; then the backward module by module, gradients
+appearing while saved tensors are freed) and the optimizer step with its temporaries (states
+are created by the first). Every size comes from a :class:`~fp8lab.memory.sizes.StepSizes`;
+this module only says when each is allocated and freed.
+"""
+
+from __future__ import annotations
+
+from fp8lab.memory.constants import BACKWARD_SCRATCH
+from fp8lab.memory.sizes import StepSizes
+from fp8lab.parts import Part
+
+__all__ = ["simulate"]
+
+
+class Timeline:
+    """Live bytes by part through a simulated step; remembers the largest total and its moment."""
+
+    def __init__(self):
+        self.live: dict[str, float] = {}
+        self.events: list[tuple[str, float]] = []
+        self.phases: dict[str, float] = {}
+        self.peak, self.peak_event, self.at_peak = 0.0, "", {}
+
+    def add(self, part: str, nbytes: float) -> None:
+        self.live[part] = max(0.0, self.live.get(part, 0.0) + nbytes)
+
+    def set(self, part: str, nbytes: float) -> None:
+        self.live[part] = nbytes
+
+    def point(
+        self, phase: str, event: str, transient: float = 0.0, part: str = Part.TEMPORARIES
+    ) -> None:
+        """A moment of ``phase``: what is live, plus ``transient`` bytes of ``part`` that exist
+        only now."""
+        total = sum(self.live.values()) + transient
+        self.events.append((f"{phase}: {event}", total))
+        self.phases[phase.split(", ")[-1]] = max(self.phases.get(phase.split(", ")[-1], 0), total)
+        if total > self.peak:
+            self.peak, self.peak_event = total, f"{phase}: {event}"
+            self.at_peak = {k: v for k, v in self.live.items() if v > 0}
+            if transient:
+                self.at_peak[part] = self.at_peak.get(part, 0.0) + transient
+
+
+def simulate(sizes: StepSizes) -> Timeline:
+    """Build the model, then two training steps (one forward and backward without optimizer)."""
+    spec = sizes.spec
+    tl = Timeline()
+    tl.set(Part.PARAMETERS, sizes.parameters)
+    tl.set(Part.SCALING_STATE, sizes.scaling_state)
+    tl.point("build", "model built")
+    steps = 2 if spec.include_optimizer else 1
+    for step in range(1, steps + 1):
+        for micro in range(1, spec.accumulation + 1):
+            _micro_step(sizes, tl, step, micro)
+        if spec.include_optimizer and spec.optimizer_used != "none":
+            _optimizer_step(sizes, tl, step)
+        tl.set(Part.GRADIENTS, 0.0)
+        tl.set(Part.LOGITS, 0.0)  # train_step returns
+    return tl
+
+
+def _micro_step(sizes: StepSizes, tl: Timeline, step: int, micro: int) -> None:
+    """Forward, loss and backward of one micro-batch."""
+    spec = sizes.spec
+    grads_full = micro > 1  # gradients of earlier micro-batches persist
+    name = f"step {step}" + (f", micro-batch {micro}" if spec.accumulation > 1 else "")
+    _forward(sizes, tl, f"{name}, forward")
+    bwd = f"{name}, backward"
+    outer, copies_part = sizes.outer, spec.copies_part
+    tl.point(bwd, "cross-entropy (two logit gradients)", outer.loss_backward, Part.LOGITS)
+    tl.add(Part.LOGITS, -outer.log_probs)
+    tied = spec.cfg.tied_embeddings
+    if spec.cfg.vocab_size is not None:
+        if not grads_full:
+            tl.add(Part.GRADIENTS, sizes.head_gradients + (sizes.tied_head_gradient if tied else 0))
+        tl.point(bwd, "LM head", outer.head_backward, Part.LOGITS)
+        tl.add(copies_part, -outer.head_copy)
+        tl.add(Part.ACTIVATIONS, -outer.head_inputs)
+    tl.add(Part.TEMPORARIES, outer.incoming)  # the gradient flowing into the layers
+    _layer_walk(sizes, tl, bwd, grads_full)
+    embedding = sizes.embedding_gradients
+    if spec.cfg.vocab_size is not None:  # a dense gradient of the whole table, then accumulated
+        if not grads_full and not tied:
+            tl.add(Part.GRADIENTS, embedding)
+            tl.point(bwd, "embeddings")
+        else:
+            if not grads_full:
+                tl.add(Part.GRADIENTS, embedding - sizes.tied_head_gradient)
+            tl.point(bwd, "embeddings (gradient accumulated)", embedding)
+    tl.set(Part.TEMPORARIES, 0.0)
+    tl.set(Part.LOGITS, outer.held_logits)  # the step's loop still holds them
+    tl.set(Part.ACTIVATIONS, 0.0)
+    tl.set(copies_part, 0.0)
+
+
+def _forward(sizes: StepSizes, tl: Timeline, fwd: str) -> None:
+    """The forward through the model and the loss: saved tensors, copies and logits appear."""
+    spec, outer = sizes.spec, sizes.outer
+    layers, copies_part = spec.cfg.num_layers, spec.copies_part
+    tl.point(fwd, "embeddings", outer.embedding_forward)
+    if spec.recompute == "full":  # te.checkpoint keeps each layer's input, runs it without saving
+        tl.add(Part.ACTIVATIONS, sizes.layer_input * layers)
+        one_layer = sizes.saved_per_layer + sizes.copy_per_param * sizes.gemm_per_layer
+        tl.point(fwd, f"layer {layers} (not saved)", one_layer)
+    else:
+        tl.add(Part.ACTIVATIONS, sizes.saved_per_layer * layers)
+        if sizes.copies_kept:
+            tl.add(copies_part, sizes.copy_per_param * sizes.gemm_per_layer * layers)
+    tl.add(Part.ACTIVATIONS, outer.head_inputs)
+    tl.add(copies_part, outer.head_copy)
+    previous = tl.live.get(Part.LOGITS, 0.0)  # the last micro-batch's, until replaced
+    tl.add(Part.LOGITS, outer.held_logits)
+    tl.point(fwd, "logits")
+    tl.add(Part.LOGITS, -previous)
+    tl.point(fwd, "loss (FP32 logits)", outer.loss_forward, Part.LOGITS)
+    tl.add(Part.LOGITS, outer.log_probs)
+    tl.point(fwd, "end")
+
+
+def _layer_walk(sizes: StepSizes, tl: Timeline, phase: str, grads_full: bool) -> None:
+    """The backward through the layers, last first, module by module."""
+    spec = sizes.spec
+    copies_part, full = spec.copies_part, spec.recompute == "full"
+    for index in range(spec.cfg.num_layers, 0, -1):
+        if full:  # the recomputed forward brings this layer's saved tensors back
+            tl.add(Part.ACTIVATIONS, sizes.saved_per_layer)
+        if full or not sizes.copies_kept:  # and its weight copies
+            tl.add(copies_part, sizes.layer_weight_copies)
+        for module in sizes.modules:
+            if grads_full:  # accumulation: each new gradient is added into the existing one
+                transient = module.transient + module.grads + module.grads_after
+                transient += module.wgrad_cast
+            else:
+                tl.add(Part.GRADIENTS, module.grads)
+                transient = module.transient + module.wgrad_cast
+            tl.point(phase, f"layer {index} {module.name} backward", transient + BACKWARD_SCRATCH)
+            tl.add(Part.ACTIVATIONS, -module.saved)
+            tl.add(copies_part, -module.weight_copies)
+            if not grads_full:
+                tl.add(Part.GRADIENTS, module.grads_after)
+        if full:
+            tl.add(Part.ACTIVATIONS, -sizes.layer_input)
+    tl.point(phase, "input gradient of the first layer", sizes.layer_input)
+
+
+def _optimizer_step(sizes: StepSizes, tl: Timeline, step: int) -> None:
+    phase = f"step {step}, optimizer step"
+    if step == 1:  # states (and master weights) are created by the first step
+        tl.set(Part.OPTIMIZER_STATES, sizes.states)
+        tl.set(Part.MASTER_WEIGHTS, sizes.master)
+        tl.point(phase, "states created", sizes.state_init_transient)
+    tl.point(phase, "update", sizes.optimizer_temporary)
