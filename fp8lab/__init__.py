@@ -1,32 +1,41 @@
 """fp8lab: the helper package of the book *Training transformers in FP8 with Transformer Engine*.
 
-Small modules, one idea each, so the notebooks show the idea and not the plumbing:
+Small modules, one idea each, so the notebooks show the idea and not the plumbing. Three tiers:
 
-* :mod:`fp8lab.environment` -- GPU, torch, TE and FP8 support here; the size preset; the banner;
-  ``import_te()`` (real TE on a GPU, the CPU reference elsewhere)
-* :mod:`fp8lab.doctor` -- ``python -m fp8lab.doctor``: is this machine ready (one cuDNN, FP8 smoke
-  tests)?
-* :mod:`fp8lab.datasheet` -- datasheet peaks of common GPUs (pure data)
-* :mod:`fp8lab.ceilings` -- measured matrix-product rates and copy bandwidth (chapter 00)
-* :mod:`fp8lab.roofline` -- ridge points, attainable rates, the roofline plot (chapters 00, 04)
-* :mod:`fp8lab.speedometer` -- timing with warm-up, device events, median and spread
-* :mod:`fp8lab.config`, :mod:`fp8lab.layers`, :mod:`fp8lab.models` -- transformer shapes with
-presets;
-  one layer in four forms (PyTorch, ``te.Linear``, TE fused modules, ``te.TransformerLayer``); a GPT
-* :mod:`fp8lab.training` -- the loss and the training loop the chapters share
-* :mod:`fp8lab.profiling` -- where a step's time goes, by kind of kernel (chapter 03)
-* :mod:`fp8lab.flops`, :mod:`fp8lab.memory` -- FLOPs, MFU and time-to-train; the memory tree
-* :mod:`fp8lab.formats` -- FP8 bit layouts, rounding, range and scales (chapter 01)
-* :mod:`fp8lab.data`, :mod:`fp8lab.capture` -- a learnable synthetic task; tensors of a training
-step
-* :mod:`fp8lab.corpus` -- real text without a download (the standard library's source), a BPE
-  tokenizer, packed batches (chapter 09)
-* :mod:`fp8lab.distributed`, :mod:`fp8lab.parallel`, :mod:`fp8lab.collectives` -- runs on
-  several GPUs (torchrun), the processes they start (each layout's TE code in
-  :mod:`fp8lab.parallel.layouts`), and what communication costs (chapter 08)
-* :mod:`fp8lab.reference` -- a CPU reference of Transformer Engine's API and FP8 numerics
-* :mod:`fp8lab.book` -- glue and number formats for the prose; progress bars for the terminal
-* :mod:`fp8lab.checks` -- the input checks every entry point shares
+Core (every chapter may use it):
+
+* :mod:`fp8lab.environment` -- GPU, torch, TE, cuDNN and FP8 support here; the size preset; the
+  banner; ``import_te()`` (real TE on a GPU, the CPU reference elsewhere); ``setup()``
+* :mod:`fp8lab.doctor` -- ``python -m fp8lab.doctor``: is this machine ready (one cuDNN, FP8
+  smoke tests)?
+* :mod:`fp8lab.devices` -- the one home of the default device and of device-string checks
+* :mod:`fp8lab.datasheet`, :mod:`fp8lab.ceilings`, :mod:`fp8lab.roofline` -- datasheet peaks
+  (pure data); measured rates of the GPU at hand; ridge points and the roofline plot
+* :mod:`fp8lab.speedometer`, :mod:`fp8lab.profiling` -- timing (warm-up, device events, median
+  and spread); where a step's time goes, by kind of kernel, with idle time
+* :mod:`fp8lab.config`, :mod:`fp8lab.layers`, :mod:`fp8lab.models` -- shapes and presets; one
+  layer in four forms; a GPT
+* :mod:`fp8lab.training` -- the loss, one training step (``step``), gradient accumulation,
+  the loop and the seed band
+* :mod:`fp8lab.flops`, :mod:`fp8lab.memory`, :mod:`fp8lab.parts` -- FLOPs, MFU and
+  time-to-train; the memory tree of a training step (arithmetic only) and its part names
+* :mod:`fp8lab.formats`, :mod:`fp8lab.data`, :mod:`fp8lab.capture`, :mod:`fp8lab.corpus` -- FP8
+  bit layouts and scales; a learnable synthetic task; the tensors of a step; real text
+* :mod:`fp8lab.book`, :mod:`fp8lab.checks`, :mod:`fp8lab.stamp` -- glue, tables and number
+  formats for the prose; shared input checks; the stamps of GPU outputs
+
+Chapter kits (a subpackage named for the chapter it serves):
+
+* :mod:`fp8lab.attention` -- chapter 05's backends, their selection log and timed rows
+* :mod:`fp8lab.distributed`, :mod:`fp8lab.collectives`, :mod:`fp8lab.parallel` -- chapter 08:
+  launching torchrun, what communication costs, and the worker processes (each layout's TE code
+  in :mod:`fp8lab.parallel.layouts`)
+* :mod:`fp8lab.e2e` -- chapter 09's long runs and alternated speed rounds
+
+CPU reference:
+
+* :mod:`fp8lab.reference` -- the subset of Transformer Engine's API the notebooks use, with FP8
+  numerics, in plain PyTorch; used only where TE cannot run
 
 The names below are imported on first use, so that ``import fp8lab.flops`` (arithmetic) loads
 neither torch's GPU machinery nor the environment probe.
