@@ -316,13 +316,31 @@ def _check_speedometer_arguments(
         raise ValueError("give autocast_kwargs or context, not both")
 
 
-def _autocast_context(autocast_kwargs: Mapping[str, Any]):
-    """A factory of ``te.autocast(**autocast_kwargs)`` (TE on a GPU, the CPU reference else)."""
-    from fp8lab.environment import import_te
+def _forward(module, inputs, forward_kwargs, autocast_kwargs, context):
+    """``module(*inputs, **forward_kwargs)`` inside ``te.autocast(**autocast_kwargs)`` (TE on a
+    GPU, the CPU reference else) or inside ``context()``."""
+    forward_kwargs = dict(forward_kwargs or {})
+    if autocast_kwargs is not None:
+        from fp8lab.environment import import_te
 
-    te, _ = import_te()
-    kwargs = dict(autocast_kwargs)
-    return lambda: te.autocast(**kwargs)
+        te, _ = import_te()
+        kwargs = dict(autocast_kwargs)
+        context = lambda: te.autocast(**kwargs)  # noqa: E731
+    context = context or contextlib.nullcontext
+
+    def forward():
+        with context():
+            return module(*inputs, **forward_kwargs)
+
+    return forward
+
+
+def _inference_iteration(forward):
+    def iteration():
+        with torch.no_grad():
+            forward()
+
+    return iteration
 
 
 def _training_iteration(forward, parameters, grad_output, optimizer, zero_grad):
@@ -380,21 +398,10 @@ def speedometer(
     label = label or getattr(module, "__class__", type(module)).__name__
     _check_counts(warmup, iters)
     device = _check_devices(module, inputs, label)
-    forward_kwargs = dict(forward_kwargs or {})
-    if autocast_kwargs is not None:
-        context = _autocast_context(autocast_kwargs)
-    context = context or contextlib.nullcontext
+    forward = _forward(module, inputs, forward_kwargs, autocast_kwargs, context)
     parameters = [p for p in getattr(module, "parameters", lambda: [])() if p.requires_grad]
-
-    def forward():
-        with context():
-            return module(*inputs, **forward_kwargs)
-
     if mode == "forward":
-
-        def iteration():
-            with torch.no_grad():
-                forward()
+        iteration = _inference_iteration(forward)
     else:
         iteration = _training_iteration(forward, parameters, grad_output, optimizer, zero_grad)
     shapes = ", ".join(str(tuple(t.shape)) for t in _tensors(inputs))
