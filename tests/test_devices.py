@@ -86,3 +86,22 @@ class _no_warnings:
 def test_capture_helpers_name_a_wrong_container(call, argument):
     with pytest.raises(TypeError, match=argument):
         call()
+
+
+@pytest.mark.parametrize(
+    "arguments, argument",
+    [
+        ({"roofs": {"r": 1}}, "roofs"),
+        ({"roofs": "bf16"}, "roofs"),
+        ({"points": [(1.0, 2.0)]}, "points"),
+        ({"points": {"s": "12"}}, "points"),
+        ({"point_colors": ["red"]}, "point_colors"),
+        ({"intensity_range": 5.0}, "intensity_range"),
+    ],
+)
+def test_plot_roofline_names_a_wrong_container(arguments, argument):
+    from fp8lab import roofline
+
+    call = {"roofs": [roofline.Roof("r", 100.0, 1000.0)], **arguments}
+    with pytest.raises(TypeError, match=argument):
+        roofline.plot_roofline(None, call.pop("roofs"), **call)
