@@ -143,6 +143,7 @@ def _check_input(x, cfg: TransformerConfig) -> tuple[int, int, int]:
 def torch_linear(
     in_features: int, out_features: int, bias: bool, dtype=None, device=None
 ) -> nn.Module:
+    device = resolve_device(device)
     return nn.Linear(in_features, out_features, bias=bias, dtype=dtype, device=device)
 
 
@@ -151,6 +152,7 @@ def te_linear(te):
     ``nn.Linear``."""
 
     def make(in_features: int, out_features: int, bias: bool, dtype=None, device=None) -> nn.Module:
+        device = resolve_device(device)
         return te.Linear(
             in_features,
             out_features,

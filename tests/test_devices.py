@@ -19,6 +19,7 @@ CALLS = {
     "measure_ceilings": lambda device: ceilings.measure_ceilings(device=device),
     "markov_batches": lambda device: data.markov_batches(8, 2, 4, device=device),
     "rotary_angles": lambda device: rotary.rotary_angles(4, 8, device=device),
+    "torch_linear": lambda device: layers.torch_linear(4, 4, True, device=device),
     "build_layer": lambda device: layers.build_layer("pytorch", TINY, device=device),
     "GPT": lambda device: models.GPT(TINY, device=device),
     "random_tokens": lambda device: models.random_tokens(TINY, 2, 4, device=device),
