@@ -15,7 +15,13 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from IPython.core.formatters import format_display_data
+from IPython.display import display as ipy_display
+
 from fp8lab import checks
+
+# IPython raises the interpreter's recursion limit when it is first imported; importing it here,
+# with the module, keeps that change out of whatever later calls glue (a property-test run, say).
 
 __all__ = ["PLOT_STYLE", "fmt", "glue", "pct", "plot_style", "progress", "table"]
 
@@ -48,9 +54,6 @@ def _glue_one(name: str, value: Any, display: bool) -> None:
     if myst_glue is not None:
         myst_glue(name, value, display=display)
         return
-    from IPython.core.formatters import format_display_data
-    from IPython.display import display as ipy_display
-
     bundle, metadata = format_display_data(value)
     prefix = "" if display else GLUE_PREFIX
     metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}

@@ -20,6 +20,65 @@ __all__ = ["KINDS", "by_kind", "capture_step", "of_kind"]
 KINDS = ("activation", "weight", "output gradient", "weight gradient")
 
 
+def _check_arguments(model, forward_and_loss, module_types, max_elements) -> tuple[type, ...]:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if not callable(forward_and_loss):
+        raise TypeError(f"forward_and_loss must be callable, not {type(forward_and_loss).__name__}")
+    checks.integer("max_elements", max_elements)
+    if isinstance(module_types, (str, bytes, type)) or not isinstance(module_types, Iterable):
+        raise TypeError(
+            f"module_types={module_types!r}: must be a non-empty sequence of classes, "
+            f"not {type(module_types).__name__}"
+        )
+    module_types = tuple(module_types)
+    if not module_types or not all(isinstance(t, type) for t in module_types):
+        raise TypeError(f"module_types={module_types!r}: must be a non-empty sequence of classes")
+    return module_types
+
+
+class _Keeper:
+    """Detached CPU copies of captured tensors, subsampled to ``max_elements`` keeping the amax."""
+
+    def __init__(self, max_elements: int):
+        self.max_elements = max_elements
+        self.generator = torch.Generator().manual_seed(0)
+        self.captured: dict[str, torch.Tensor] = {}
+
+    def __call__(self, name: str, tensor: torch.Tensor) -> None:
+        flat = tensor.detach().float().flatten().cpu()
+        if flat.numel() > self.max_elements:
+            keep_at = torch.randperm(flat.numel(), generator=self.generator)[: self.max_elements]
+            largest = flat.abs().argmax()
+            if not (keep_at == largest).any():
+                keep_at[0] = largest  # the amax survives the subsample
+            flat = flat[keep_at]
+        self.captured[name] = flat
+
+
+def _output_tensor(output):
+    """The tensor a module returned (TE modules may return ``(out, bias)``)."""
+    if isinstance(output, (tuple, list)) and output:
+        output = output[0]
+    return output if isinstance(output, torch.Tensor) else None
+
+
+def _hook_module(name: str, module: nn.Module, keep: _Keeper):
+    """Record the module's input on the forward, and the gradient of its output on the backward.
+
+    The output gradient is taken with a hook on the output tensor itself: a module backward hook
+    would also fire (with a warning) where no input requires a gradient.
+    """
+
+    def on_forward(mod, inputs, output):
+        keep(f"{name}.activation", inputs[0])
+        out = _output_tensor(output)
+        if out is not None and out.requires_grad:
+            out.register_hook(lambda grad: keep(f"{name}.output gradient", grad))
+
+    return module.register_forward_hook(on_forward)
+
+
 def capture_step(
     model: nn.Module,
     forward_and_loss: Callable[[], torch.Tensor],
@@ -32,46 +91,14 @@ def capture_step(
     The subsample always holds the tensor's largest magnitude, so its amax -- what a per-tensor
     FP8 scale is computed from -- is the whole tensor's.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-    if not callable(forward_and_loss):
-        raise TypeError(f"forward_and_loss must be callable, not {type(forward_and_loss).__name__}")
-    checks.integer("max_elements", max_elements)
-    module_types = tuple(module_types)
-    if not module_types or not all(isinstance(t, type) for t in module_types):
-        raise TypeError(f"module_types={module_types!r}: must be a non-empty sequence of classes")
-    captured: dict[str, torch.Tensor] = {}
-    generator = torch.Generator().manual_seed(0)
-
-    def keep(name: str, tensor: torch.Tensor) -> None:
-        flat = tensor.detach().float().flatten().cpu()
-        if flat.numel() > max_elements:
-            keep_at = torch.randperm(flat.numel(), generator=generator)[:max_elements]
-            largest = flat.abs().argmax()
-            if not (keep_at == largest).any():
-                keep_at[0] = largest  # the amax survives the subsample
-            flat = flat[keep_at]
-        captured[name] = flat
-
-    handles = []
+    module_types = _check_arguments(model, forward_and_loss, module_types, max_elements)
+    keep = _Keeper(max_elements)
     targets = [
         (name, module) for name, module in model.named_modules() if isinstance(module, module_types)
     ]
     if not targets:
         raise ValueError(f"model has no modules of types {[t.__name__ for t in module_types]}")
-    for name, module in targets:
-        handles.append(
-            module.register_forward_hook(
-                lambda mod, inputs, output, name=name: keep(f"{name}.activation", inputs[0])
-            )
-        )
-        handles.append(
-            module.register_full_backward_hook(
-                lambda mod, grad_in, grad_out, name=name: keep(
-                    f"{name}.output gradient", grad_out[0]
-                )
-            )
-        )
+    handles = [_hook_module(name, module, keep) for name, module in targets]
     try:
         loss = forward_and_loss()
         loss.backward()
@@ -84,7 +111,20 @@ def capture_step(
             keep(f"{name}.weight", weight)
             if weight.grad is not None:
                 keep(f"{name}.weight gradient", weight.grad)
-    return captured
+    return keep.captured
+
+
+def _check_captured(captured) -> None:
+    if not isinstance(captured, dict):
+        raise TypeError(
+            f"captured must be the dict capture_step returns, not {type(captured).__name__}"
+        )
+    for name, tensor in captured.items():
+        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+            raise TypeError(
+                f"captured must map names to tensors (as capture_step returns), not "
+                f"{type(name).__name__} to {type(tensor).__name__}"
+            )
 
 
 def of_kind(captured: dict[str, torch.Tensor], kind: str) -> dict[str, torch.Tensor]:
@@ -93,6 +133,7 @@ def of_kind(captured: dict[str, torch.Tensor], kind: str) -> dict[str, torch.Ten
     An FP8 recipe scales each of these separately (one amax per tensor), so per-tensor
     questions must be asked of these, not of :func:`by_kind`'s concatenation.
     """
+    _check_captured(captured)
     checks.choice("kind", kind, KINDS)
     suffix = "." + kind
     return {name[: -len(suffix)]: t for name, t in captured.items() if name.endswith(suffix)}
@@ -104,10 +145,7 @@ def by_kind(captured: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     For histograms of a kind across the model; one scale for such a concatenation is *not*
     what a per-tensor recipe does (see :func:`of_kind`).
     """
-    if not isinstance(captured, dict):
-        raise TypeError(
-            f"captured must be the dict capture_step returns, not {type(captured).__name__}"
-        )
+    _check_captured(captured)
     return {
         kind: torch.cat([t for n, t in captured.items() if n.endswith("." + kind)])
         for kind in KINDS

@@ -20,6 +20,7 @@ import torch
 
 from fp8lab import checks
 from fp8lab.datasheet import dtype_key
+from fp8lab.devices import resolve_device
 from fp8lab.speedometer import Timing, time_callable
 
 __all__ = [
@@ -32,18 +33,6 @@ __all__ = [
 
 LAYOUTS = ("tn", "nn")
 L2_AVOIDING_BYTES = 256e6  # operand sets rotate until their total passes this (H200 L2: 60 MB)
-
-
-def _device(device) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(f"device={device!r}: not a torch device ({error})") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={str(device)!r}: this machine has no CUDA GPU")
-    return device
 
 
 @dataclass(frozen=True)
@@ -94,6 +83,28 @@ def _input_sets(m: int, n: int, k: int, dtype: str, device: torch.device, count:
     return sets
 
 
+def _check_matmul(m, n, k, dtype, warmup, iters, layout, fast_accumulation) -> str:
+    """The dtype key of a product :func:`measure_matmul` can time; errors name the argument."""
+    checks.integer("iters", iters)
+    checks.integer("warmup", warmup, minimum=0)
+    checks.choice("layout", layout, LAYOUTS)
+    checks.flag("fast_accumulation", fast_accumulation)
+    key = dtype_key(dtype)
+    if key == "tf32":
+        raise ValueError(
+            "dtype='tf32': time an fp32 product with torch.backends.cuda.matmul.allow_tf32=True"
+        )
+    if key != "fp8" and fast_accumulation:
+        raise ValueError(f"fast_accumulation=True applies to FP8 products only (dtype={dtype!r})")
+    if key == "fp8" and (k % 16 or n % 16):
+        raise ValueError(f"FP8 products need K and N divisible by 16 (got K={k}, N={n})")
+    if key == "fp8" and layout != "tn":
+        raise ValueError(
+            "layout='nn': FP8 products need layout='tn' (cuBLAS takes FP8 B only transposed)"
+        )
+    return key
+
+
 def measure_matmul(
     m: int,
     n: int,
@@ -113,24 +124,8 @@ def measure_matmul(
     as ``(K, N)`` (16- and 32-bit only). ``fast_accumulation`` applies to FP8 only.
     """
     m, n, k = (checks.integer(name, value) for name, value in (("m", m), ("n", n), ("k", k)))
-    checks.integer("iters", iters)
-    checks.integer("warmup", warmup, minimum=0)
-    checks.choice("layout", layout, LAYOUTS)
-    checks.flag("fast_accumulation", fast_accumulation)
-    key = dtype_key(dtype)
-    if key == "tf32":
-        raise ValueError(
-            "dtype='tf32': time an fp32 product with torch.backends.cuda.matmul.allow_tf32=True"
-        )
-    if key != "fp8" and fast_accumulation:
-        raise ValueError(f"fast_accumulation=True applies to FP8 products only (dtype={dtype!r})")
-    if key == "fp8" and (k % 16 or n % 16):
-        raise ValueError(f"FP8 products need K and N divisible by 16 (got K={k}, N={n})")
-    if key == "fp8" and layout != "tn":
-        raise ValueError(
-            "layout='nn': FP8 products need layout='tn' (cuBLAS takes FP8 B only transposed)"
-        )
-    device = _device(device)
+    key = _check_matmul(m, n, k, dtype, warmup, iters, layout, fast_accumulation)
+    device = resolve_device(device, default=True)
     operand_bytes = (m * k + n * k) * (1 if key == "fp8" else 2)
     count = (
         max(1, min(8, math.ceil(L2_AVOIDING_BYTES / operand_bytes))) if device.type == "cuda" else 1
@@ -179,7 +174,7 @@ def measure_copy_bandwidth(
     checks.integer("nbytes", nbytes)
     checks.integer("iters", iters)
     checks.integer("warmup", warmup, minimum=0)
-    device = _device(device)
+    device = resolve_device(device, default=True)
     source = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
     timing = time_callable(
@@ -207,7 +202,7 @@ def measure_ceilings(
     FP8 (FP32 accumulation) is measured where the device has FP8 tensor cores, and on a CPU
     (emulated, so a CPU figure only).
     """
-    device = _device(device)
+    device = resolve_device(device, default=True)
     cuda = device.type == "cuda"
     if sizes is None:
         sizes = (4096, 8192) if cuda else (256, 512)

@@ -164,67 +164,52 @@ def pad_vocab(vocab_size: int, multiple: int = 128) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-PRESETS: dict[str, TransformerConfig] = {
-    "gpt2-small": TransformerConfig(
-        768, 3072, 12, num_layers=12, vocab_size=50257, max_seq_len=1024, name="gpt2-small"
-    ),
-    "gpt2-medium": TransformerConfig(
-        1024, 4096, 16, num_layers=24, vocab_size=50257, max_seq_len=1024, name="gpt2-medium"
-    ),
-    "te-tutorial": TransformerConfig(4096, 16384, 32, num_layers=1, name="te-tutorial"),
-    "llama-1b": TransformerConfig(
-        2048,
-        8192,
-        32,
-        num_gqa_groups=8,
-        num_layers=16,
-        vocab_size=128256,
-        activation="swiglu",
-        normalization="RMSNorm",
-        bias=False,
-        tied_embeddings=True,
-        position_embedding="rope",
-        max_seq_len=8192,
-        name="llama-1b",
-    ),
-    "llama3-8b": TransformerConfig(
-        4096,
-        14336,
-        32,
-        num_gqa_groups=8,
-        num_layers=32,
-        vocab_size=128256,
-        activation="swiglu",
-        normalization="RMSNorm",
-        bias=False,
-        tied_embeddings=False,
-        position_embedding="rope",
-        max_seq_len=8192,
-        name="llama3-8b",
-    ),
-    "gpt3-175b": TransformerConfig(
-        12288, 49152, 96, num_layers=96, vocab_size=50257, max_seq_len=2048, name="gpt3-175b"
-    ),
-    # Chowdhery et al. 2022, table 1: 48 heads of 256 (kv_channels) at d_model 18432, one shared K/V
-    # head,
-    # SwiGLU with F = 4 d_model, no biases, shared input/output embeddings, RoPE, V = 256k
-    "palm-540b": TransformerConfig(
-        18432,
-        73728,
-        48,
-        num_gqa_groups=1,
-        num_layers=118,
-        vocab_size=256000,
-        kv_channels=256,
-        activation="swiglu",
-        normalization="LayerNorm",
-        bias=False,
-        tied_embeddings=True,
-        position_embedding="rope",
-        max_seq_len=2048,
-        name="palm-540b",
-    ),
-}
+# One row per preset: H F A G L V D as in TransformerConfig, then activation, normalization,
+# bias, tied embeddings, position embedding and max_seq_len S; "-" is None (G: multi-head
+# attention, V: no embeddings, D: H / A).
+# PaLM (Chowdhery et al. 2022, table 1): 48 heads of 256 (kv_channels) at d_model 18432, one shared
+# K/V head, SwiGLU with F = 4 d_model, no biases, shared input/output embeddings, RoPE, V = 256k.
+_PRESET_TABLE = """
+name         H      F      A   G  L    V       D    act     norm       bias  tied  pos      S
+gpt2-small   768    3072   12  -  12   50257   -    gelu    LayerNorm  yes   yes   learned  1024
+gpt2-medium  1024   4096   16  -  24   50257   -    gelu    LayerNorm  yes   yes   learned  1024
+te-tutorial  4096   16384  32  -  1    -       -    gelu    LayerNorm  yes   yes   learned  2048
+llama-1b     2048   8192   32  8  16   128256  -    swiglu  RMSNorm    no    yes   rope     8192
+llama3-8b    4096   14336  32  8  32   128256  -    swiglu  RMSNorm    no    no    rope     8192
+gpt3-175b    12288  49152  96  -  96   50257   -    gelu    LayerNorm  yes   yes   learned  2048
+palm-540b    18432  73728  48  1  118  256000  256  swiglu  LayerNorm  no    yes   rope     2048
+"""
+
+
+def _parse_presets(table: str) -> dict[str, TransformerConfig]:
+    """The configs of :data:`_PRESET_TABLE`, by name."""
+
+    def number(cell: str) -> int | None:
+        return None if cell == "-" else int(cell)
+
+    presets = {}
+    for line in table.strip().splitlines()[1:]:
+        name, h, f, a, g, layers, v, d, act, norm, bias, tied, position, seq = line.split()
+        presets[name] = TransformerConfig(
+            int(h),
+            int(f),
+            int(a),
+            num_gqa_groups=number(g),
+            num_layers=int(layers),
+            vocab_size=number(v),
+            kv_channels=number(d),
+            activation=act,
+            normalization=norm,
+            bias=bias == "yes",
+            tied_embeddings=tied == "yes",
+            position_embedding=position,
+            max_seq_len=int(seq),
+            name=name,
+        )
+    return presets
+
+
+PRESETS: dict[str, TransformerConfig] = _parse_presets(_PRESET_TABLE)
 
 
 def preset_config(name: str) -> TransformerConfig:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import torch
 
 from fp8lab import checks
+from fp8lab.devices import resolve_device
 
 __all__ = ["MarkovChain", "markov_batches", "uniform_loss"]
 
@@ -69,12 +70,18 @@ def markov_batches(
     vocab_size: int, batch: int, seq: int, *, branching: int = 4, seed: int = 0, device=None
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless ``(inputs, targets)`` pairs of shape ``[B, S]``; the same seed gives the same
-    stream."""
+    stream.
+
+    Arguments are checked at the call, not at the first batch."""
     checks.integer("batch", batch)
     checks.integer("seq", seq)
     checks.integer("seed", seed, minimum=0)
+    device = resolve_device(device)
     chain = MarkovChain(vocab_size, branching, seed)
-    generator = torch.Generator().manual_seed(seed + 1)
+    return _batches(chain, batch, seq, torch.Generator().manual_seed(seed + 1), device)
+
+
+def _batches(chain: MarkovChain, batch: int, seq: int, generator: torch.Generator, device):
     while True:
         tokens = chain.sample(batch, seq + 1, generator)
         yield tokens[:, :-1].to(device), tokens[:, 1:].to(device)

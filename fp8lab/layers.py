@@ -20,7 +20,7 @@ and :func:`load_canonical_state_dict` move weights between forms under one set o
 query heads, then keys, then values -- TE's order with ``qkv_weight_interleaved=False``).
 
 Rotary embeddings follow TE's convention: ``rotary`` is a tensor of angles ``[S, 1, 1, D]``
-(:func:`rotary_angles`), rotated "half against half".
+(:func:`fp8lab.rotary.rotary_angles`), rotated "half against half".
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from torch import nn
 from fp8lab import checks
 from fp8lab.config import TransformerConfig, require_config
 from fp8lab.devices import resolve_device
+from fp8lab.rotary import apply_rotary, rotary_angles  # noqa: F401 (also imported from here)
 
 __all__ = [
     "ATTENTION_IMPLS",
@@ -44,13 +45,11 @@ __all__ = [
     "TEModulesLayer",
     "TETransformerLayer",
     "activation",
-    "apply_rotary",
     "build_layer",
     "canonical_state_dict",
     "load_canonical_state_dict",
     "make_norm",
     "resolve_dtype",
-    "rotary_angles",
     "te_linear",
     "torch_linear",
 ]
@@ -97,33 +96,6 @@ def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
     return F.silu(gate) * value
 
 
-def rotary_angles(seq: int, head_dim: int, base: float = 10000.0, device=None) -> torch.Tensor:
-    """RoPE angles ``[S, 1, 1, D]`` in TE's layout (what ``te.RotaryPositionEmbedding`` returns)."""
-    checks.integer("seq", seq)
-    if checks.integer("head_dim", head_dim) % 2:
-        raise ValueError(f"head_dim={head_dim}: RoPE rotates pairs of channels, so D must be even")
-    base = checks.number("base", base, positive=True)
-    device = resolve_device(device)
-    inverse = 1.0 / base ** (
-        torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
-    )
-    angles = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inverse)
-    return torch.cat([angles, angles], dim=-1)[:, None, None, :]
-
-
-def apply_rotary(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x: [S, B, heads, D]`` by position, first half of D against the second."""
-    checks.tensor("x", x, dims=4, floating=True)
-    checks.tensor("angles", angles, dims=4, floating=True)
-    if angles.shape[0] != x.shape[0] or angles.shape[-1] != x.shape[-1]:
-        raise ValueError(
-            f"angles {tuple(angles.shape)} do not fit x {tuple(x.shape)}: need [S, 1, 1, D]"
-        )
-    first, second = x.chunk(2, dim=-1)
-    rotated = torch.cat([-second, first], dim=-1)
-    return (x.float() * angles.cos() + rotated.float() * angles.sin()).to(x.dtype)
-
-
 def resolve_dtype(params_dtype) -> torch.dtype:
     """A floating-point ``torch.dtype`` for parameters."""
     if not isinstance(params_dtype, torch.dtype):
@@ -138,6 +110,13 @@ def resolve_dtype(params_dtype) -> torch.dtype:
 def _check_dropout(**probabilities: float) -> None:
     for name, p in probabilities.items():
         checks.probability(name, p)
+
+
+def _check_te_layer(cfg, causal, fuse_wgrad_accumulation, hidden_dropout, attention_dropout):
+    require_config(cfg)
+    checks.flag("causal", causal)
+    checks.flag("fuse_wgrad_accumulation", fuse_wgrad_accumulation)
+    _check_dropout(hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)
 
 
 def _reshape_heads(q, k, v, cfg: TransformerConfig):
@@ -164,6 +143,7 @@ def _check_input(x, cfg: TransformerConfig) -> tuple[int, int, int]:
 def torch_linear(
     in_features: int, out_features: int, bias: bool, dtype=None, device=None
 ) -> nn.Module:
+    device = resolve_device(device)
     return nn.Linear(in_features, out_features, bias=bias, dtype=dtype, device=device)
 
 
@@ -172,6 +152,7 @@ def te_linear(te):
     ``nn.Linear``."""
 
     def make(in_features: int, out_features: int, bias: bool, dtype=None, device=None) -> nn.Module:
+        device = resolve_device(device)
         return te.Linear(
             in_features,
             out_features,
@@ -279,10 +260,7 @@ class TEModulesLayer(nn.Module):
         fuse_wgrad_accumulation: bool = False,
     ):
         super().__init__()
-        require_config(cfg)
-        checks.flag("causal", causal)
-        checks.flag("fuse_wgrad_accumulation", fuse_wgrad_accumulation)
-        _check_dropout(hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)
+        _check_te_layer(cfg, causal, fuse_wgrad_accumulation, hidden_dropout, attention_dropout)
         h = cfg.hidden_size
         device = resolve_device(device)
         common = {
@@ -344,10 +322,7 @@ class TETransformerLayer(nn.Module):
         fuse_wgrad_accumulation: bool = False,
     ):
         super().__init__()
-        require_config(cfg)
-        checks.flag("causal", causal)
-        checks.flag("fuse_wgrad_accumulation", fuse_wgrad_accumulation)
-        _check_dropout(hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)
+        _check_te_layer(cfg, causal, fuse_wgrad_accumulation, hidden_dropout, attention_dropout)
         device = resolve_device(device)
         self.cfg = cfg
         self.layer = te.TransformerLayer(
@@ -410,19 +385,17 @@ def _names(layer: nn.Module) -> dict[str, str]:
         )
     else:
         raise TypeError(f"{type(layer).__name__} is not one of the book's layer forms")
+    prefixes = {
+        "input_norm": qkv + "layer_norm_",
+        "qkv": qkv,
+        "proj": proj,
+        "mlp_norm": mlp + "layer_norm_",
+        "fc1": mlp + "fc1_",
+        "fc2": mlp + "fc2_",
+    }
     return {
-        "input_norm.weight": qkv + "layer_norm_weight",
-        "input_norm.bias": qkv + "layer_norm_bias",
-        "qkv.weight": qkv + "weight",
-        "qkv.bias": qkv + "bias",
-        "proj.weight": proj + "weight",
-        "proj.bias": proj + "bias",
-        "mlp_norm.weight": mlp + "layer_norm_weight",
-        "mlp_norm.bias": mlp + "layer_norm_bias",
-        "fc1.weight": mlp + "fc1_weight",
-        "fc1.bias": mlp + "fc1_bias",
-        "fc2.weight": mlp + "fc2_weight",
-        "fc2.bias": mlp + "fc2_bias",
+        canonical: prefixes[canonical.split(".")[0]] + canonical.split(".")[1]
+        for canonical in CANONICAL_NAMES
     }
 
 

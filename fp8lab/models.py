@@ -19,8 +19,8 @@ from fp8lab.layers import (
     load_canonical_state_dict,
     make_norm,
     resolve_dtype,
-    rotary_angles,
 )
+from fp8lab.rotary import rotary_angles
 
 __all__ = ["GPT", "random_tokens"]
 

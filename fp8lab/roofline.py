@@ -55,6 +55,33 @@ class Roof:
         return ridge_point(self.peak_tflops, self.bandwidth_gbs)
 
 
+def _check_plot_arguments(roofs, points, point_colors, intensity_range) -> None:
+    """The containers :func:`plot_roofline` takes: a TypeError names the argument of the wrong
+    kind."""
+    if not isinstance(roofs, (list, tuple)) or not all(isinstance(r, Roof) for r in roofs):
+        raise TypeError(f"roofs must be a list of Roof, not {type(roofs).__name__}")
+    if not roofs:
+        raise ValueError("roofs: give at least one Roof")
+    if points is not None:
+        if not isinstance(points, Mapping):
+            raise TypeError(
+                f"points must map a series name to (intensities, tflops), "
+                f"not {type(points).__name__}"
+            )
+        for series, values in points.items():
+            if not isinstance(values, (list, tuple)) or len(values) not in (2, 3):
+                raise TypeError(
+                    f"points[{series!r}] must be (intensities, tflops) or (intensities, tflops, "
+                    f"labels), not {type(values).__name__}"
+                )
+    if point_colors is not None and not isinstance(point_colors, Mapping):
+        raise TypeError(
+            f"point_colors must map a series name to a colour, not {type(point_colors).__name__}"
+        )
+    if not isinstance(intensity_range, (list, tuple)) or len(intensity_range) != 2:
+        raise TypeError(f"intensity_range={intensity_range!r}: must be a (low, high) pair")
+
+
 def plot_roofline(
     ax,
     roofs: Sequence[Roof],
@@ -72,8 +99,7 @@ def plot_roofline(
     """
     import numpy as np
 
-    if not roofs:
-        raise ValueError("roofs: give at least one Roof")
+    _check_plot_arguments(roofs, points, point_colors, intensity_range)
     low, high = intensity_range
     checks.number("intensity_range[0]", low, positive=True)
     if checks.number("intensity_range[1]", high, positive=True) <= low:

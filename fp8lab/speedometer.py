@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from fp8lab import checks
+from fp8lab.devices import resolve_device
 
 __all__ = ["MODES", "Timing", "speedometer", "time_callable"]
 
@@ -152,18 +153,74 @@ class Timing:
         return text
 
 
-def _device_of(device: torch.device | str | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(f"device={device!r}: not a torch device ({error})") from None
-
-
 def _check_counts(warmup: int, iters: int) -> None:
     checks.integer("iters", iters)
     checks.integer("warmup", warmup, minimum=0)
+
+
+def _check_timing_arguments(fn, warmup, iters, label, measure_memory, min_warmup_ms, fields):
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+    _check_counts(warmup, iters)
+    checks.number("min_warmup_ms", min_warmup_ms, non_negative=True)
+    if not isinstance(label, str):
+        raise TypeError(f"label={label!r}: must be a string")
+    checks.flag("measure_memory", measure_memory)
+    for name in ("tokens",):
+        if fields.get(name) is not None:
+            checks.integer(name, fields[name])
+    for name in ("flops", "peak_tflops"):
+        if fields.get(name) is not None:
+            checks.number(name, fields[name], positive=True)
+
+
+def _warm_up(fn, warmup: int, min_warmup_ms: float, device: torch.device) -> None:
+    cuda = device.type == "cuda"
+    begin = time.perf_counter()
+    done = 0
+    while done < warmup or (time.perf_counter() - begin) * 1e3 < min_warmup_ms:
+        fn()
+        done += 1
+        if cuda and done % 10 == 0 and min_warmup_ms:
+            torch.cuda.synchronize(device)
+
+
+def _time_on_gpu(fn, iters: int, device: torch.device, measure_memory: bool):
+    """Per-call times from CUDA events, and the peak memory when asked for."""
+    torch.cuda.synchronize(device)
+    if measure_memory:
+        torch.cuda.reset_peak_memory_stats(device)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for start, end in zip(starts, ends, strict=True):
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    times = tuple(start.elapsed_time(end) for start, end in zip(starts, ends, strict=True))
+    peak = torch.cuda.max_memory_allocated(device) if measure_memory else None
+    return times, peak
+
+
+def _time_on_cpu(fn, iters: int):
+    times_list = []
+    for _ in range(iters):
+        begin = time.perf_counter()
+        fn()
+        times_list.append((time.perf_counter() - begin) * 1e3)
+    return tuple(times_list), None
+
+
+def _out_of_memory(error, label: str, device: torch.device, fields: dict) -> MemoryError:
+    shapes = fields.get("extra", {}).get("input_shapes")
+    where = (
+        f"{label!r} ({fields.get('mode', 'callable')}"
+        + (f", inputs {shapes}" if shapes else "")
+        + ")"
+    )
+    return MemoryError(
+        f"out of GPU memory while timing {where} on {device}: {error}".splitlines()[0]
+    )
 
 
 def time_callable(
@@ -183,59 +240,16 @@ def time_callable(
     settle over a second or so of sustained load). ``result_fields`` go into the
     :class:`Timing` (``tokens``, ``flops``, ``peak_tflops``, ``mode`` ...).
     """
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, not {type(fn).__name__}")
-    _check_counts(warmup, iters)
-    checks.number("min_warmup_ms", min_warmup_ms, non_negative=True)
-    if not isinstance(label, str):
-        raise TypeError(f"label={label!r}: must be a string")
-    checks.flag("measure_memory", measure_memory)
-    for name in ("tokens",):
-        if result_fields.get(name) is not None:
-            checks.integer(name, result_fields[name])
-    for name in ("flops", "peak_tflops"):
-        if result_fields.get(name) is not None:
-            checks.number(name, result_fields[name], positive=True)
-    device = _device_of(device)
-    cuda = device.type == "cuda"
+    _check_timing_arguments(fn, warmup, iters, label, measure_memory, min_warmup_ms, result_fields)
+    device = resolve_device(device, default=True)
     try:
-        begin = time.perf_counter()
-        done = 0
-        while done < warmup or (time.perf_counter() - begin) * 1e3 < min_warmup_ms:
-            fn()
-            done += 1
-            if cuda and done % 10 == 0 and min_warmup_ms:
-                torch.cuda.synchronize(device)
-        if cuda:
-            torch.cuda.synchronize(device)
-            if measure_memory:
-                torch.cuda.reset_peak_memory_stats(device)
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-            for start, end in zip(starts, ends, strict=True):
-                start.record()
-                fn()
-                end.record()
-            torch.cuda.synchronize(device)
-            times = tuple(start.elapsed_time(end) for start, end in zip(starts, ends, strict=True))
-            peak = torch.cuda.max_memory_allocated(device) if measure_memory else None
+        _warm_up(fn, warmup, min_warmup_ms, device)
+        if device.type == "cuda":
+            times, peak = _time_on_gpu(fn, iters, device, measure_memory)
         else:
-            times_list = []
-            for _ in range(iters):
-                begin = time.perf_counter()
-                fn()
-                times_list.append((time.perf_counter() - begin) * 1e3)
-            times, peak = tuple(times_list), None
+            times, peak = _time_on_cpu(fn, iters)
     except torch.cuda.OutOfMemoryError as error:
-        shapes = result_fields.get("extra", {}).get("input_shapes")
-        where = (
-            f"{label!r} ({result_fields.get('mode', 'callable')}"
-            + (f", inputs {shapes}" if shapes else "")
-            + ")"
-        )
-        raise MemoryError(
-            f"out of GPU memory while timing {where} on {device}: {error}".splitlines()[0]
-        ) from error
+        raise _out_of_memory(error, label, device, result_fields) from error
     return Timing(
         label=label,
         times_ms=times,
@@ -281,6 +295,75 @@ def _first_tensor(output: Any) -> torch.Tensor:
     )
 
 
+def _check_speedometer_arguments(
+    module, mode, zero_grad, optimizer, grad_output, autocast_kwargs, context
+) -> None:
+    if not callable(module):
+        raise TypeError(
+            f"module must be a torch.nn.Module or a callable, not {type(module).__name__}"
+        )
+    checks.choice("mode", mode, MODES)
+    checks.flag("zero_grad", zero_grad)
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}"
+        )
+    if grad_output is not None and not isinstance(grad_output, torch.Tensor):
+        raise TypeError(f"grad_output must be a tensor, not {type(grad_output).__name__}")
+    if mode == "step" and optimizer is None:
+        raise ValueError("mode='step' needs an optimizer")
+    if autocast_kwargs is not None and context is not None:
+        raise ValueError("give autocast_kwargs or context, not both")
+
+
+def _forward(module, inputs, forward_kwargs, autocast_kwargs, context):
+    """``module(*inputs, **forward_kwargs)`` inside ``te.autocast(**autocast_kwargs)`` (TE on a
+    GPU, the CPU reference else) or inside ``context()``."""
+    forward_kwargs = dict(forward_kwargs or {})
+    if autocast_kwargs is not None:
+        from fp8lab.environment import import_te
+
+        te, _ = import_te()
+        kwargs = dict(autocast_kwargs)
+        context = lambda: te.autocast(**kwargs)  # noqa: E731
+    context = context or contextlib.nullcontext
+
+    def forward():
+        with context():
+            return module(*inputs, **forward_kwargs)
+
+    return forward
+
+
+def _inference_iteration(forward):
+    def iteration():
+        with torch.no_grad():
+            forward()
+
+    return iteration
+
+
+def _training_iteration(forward, parameters, grad_output, optimizer, zero_grad):
+    """One forward, backward (and optimizer step); ``grad_output`` drawn once when not given."""
+    if grad_output is None:
+        sample = _first_tensor(forward())
+        grad_output = torch.randn_like(sample) if sample.dim() else torch.ones_like(sample)
+        for param in parameters:
+            param.grad = None
+
+    def iteration():
+        _first_tensor(forward()).backward(grad_output)
+        if optimizer is not None:
+            optimizer.step()
+        if zero_grad:
+            if optimizer is not None:
+                optimizer.zero_grad(set_to_none=True)
+            for param in parameters:
+                param.grad = None
+
+    return iteration
+
+
 def speedometer(
     module: Callable[..., Any],
     *inputs: Any,
@@ -309,61 +392,18 @@ def speedometer(
     ``flops`` is the work of one iteration (match it to the mode), ``tokens`` the
     tokens it processes, ``peak_tflops`` the peak MFU is measured against.
     """
-    if not callable(module):
-        raise TypeError(
-            f"module must be a torch.nn.Module or a callable, not {type(module).__name__}"
-        )
+    _check_speedometer_arguments(
+        module, mode, zero_grad, optimizer, grad_output, autocast_kwargs, context
+    )
     label = label or getattr(module, "__class__", type(module)).__name__
-    checks.choice("mode", mode, MODES)
-    checks.flag("zero_grad", zero_grad)
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(
-            f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}"
-        )
-    if grad_output is not None and not isinstance(grad_output, torch.Tensor):
-        raise TypeError(f"grad_output must be a tensor, not {type(grad_output).__name__}")
-    if mode == "step" and optimizer is None:
-        raise ValueError("mode='step' needs an optimizer")
-    if autocast_kwargs is not None and context is not None:
-        raise ValueError("give autocast_kwargs or context, not both")
     _check_counts(warmup, iters)
     device = _check_devices(module, inputs, label)
-    forward_kwargs = dict(forward_kwargs or {})
-    if autocast_kwargs is not None:
-        from fp8lab.environment import import_te
-
-        te, _ = import_te()
-        kwargs = dict(autocast_kwargs)
-        context = lambda: te.autocast(**kwargs)  # noqa: E731
-    context = context or contextlib.nullcontext
+    forward = _forward(module, inputs, forward_kwargs, autocast_kwargs, context)
     parameters = [p for p in getattr(module, "parameters", lambda: [])() if p.requires_grad]
-
-    def forward():
-        with context():
-            return module(*inputs, **forward_kwargs)
-
     if mode == "forward":
-
-        def iteration():
-            with torch.no_grad():
-                forward()
+        iteration = _inference_iteration(forward)
     else:
-        if grad_output is None:
-            sample = _first_tensor(forward())
-            grad_output = torch.randn_like(sample) if sample.dim() else torch.ones_like(sample)
-            for param in parameters:
-                param.grad = None
-
-        def iteration():
-            _first_tensor(forward()).backward(grad_output)
-            if optimizer is not None:
-                optimizer.step()
-            if zero_grad:
-                if optimizer is not None:
-                    optimizer.zero_grad(set_to_none=True)
-                for param in parameters:
-                    param.grad = None
-
+        iteration = _training_iteration(forward, parameters, grad_output, optimizer, zero_grad)
     shapes = ", ".join(str(tuple(t.shape)) for t in _tensors(inputs))
     return time_callable(
         iteration,

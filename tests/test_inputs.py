@@ -45,6 +45,7 @@ from fp8lab import (
     models,
     profiling,
     roofline,
+    rotary,
     speedometer,
     training,
 )
@@ -551,8 +552,8 @@ ENTRIES: dict[str, Entry] = {
         },
     ),
     # layers and models
-    "layers.rotary_angles": Entry(
-        layers.rotary_angles,
+    "rotary.rotary_angles": Entry(
+        rotary.rotary_angles,
         {
             "seq": maybe(ints(1, 32)),
             "head_dim": maybe(ints(1, 32)),
@@ -561,8 +562,8 @@ ENTRIES: dict[str, Entry] = {
         },
         signed=True,
     ),
-    "layers.apply_rotary": Entry(
-        lambda x: layers.apply_rotary(x, layers.rotary_angles(4, 8)),
+    "rotary.apply_rotary": Entry(
+        lambda x: rotary.apply_rotary(x, rotary.rotary_angles(4, 8)),
         {"x": maybe(st.just(torch.randn(4, 2, 3, 8)))},
         signed=True,
     ),

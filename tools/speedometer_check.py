@@ -18,6 +18,49 @@ import sys
 import time
 
 
+def _make_step(te, layer, x, dy, kwargs):
+    """One forward+backward of ``layer`` under ``te.autocast(**kwargs)``, gradients cleared."""
+    params = [p for p in layer.parameters()]
+
+    def step():
+        with te.autocast(**kwargs):
+            y = layer(x)
+        y.backward(dy)
+        for p in params:
+            p.grad = None
+
+    return step
+
+
+def _bare_loop(step, iters: int) -> float:
+    """Milliseconds per step of ``iters`` steps between one pair of CUDA events."""
+    import torch
+
+    begin = time.perf_counter()
+    while time.perf_counter() - begin < 1.0:  # the same warm-up as the speedometer's
+        step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def _report(label: str, medians, means, bares) -> None:
+    spread = (max(medians) - min(medians)) / statistics.median(medians)
+    variation = statistics.stdev(medians) / statistics.mean(medians)
+    overhead = statistics.median(m / b - 1 for m, b in zip(means, bares, strict=True))
+    print(
+        f"{label}: speedometer medians {[round(m, 3) for m in medians]} ms; bare loop "
+        f"{[round(b, 3) for b in bares]} ms/iter; "
+        f"round-to-round range (max-min)/median {spread:.2%}, "
+        f"coefficient of variation {variation:.2%}; overhead {overhead:+.2%}"
+    )
+
+
 def main(rounds: int = 7, iters: int = 100, warm_seconds: float = 5.0) -> int:
     import torch
 
@@ -29,30 +72,9 @@ def main(rounds: int = 7, iters: int = 100, warm_seconds: float = 5.0) -> int:
     layer = te.TransformerLayer(4096, 16384, 32, params_dtype=torch.bfloat16, fuse_qkv_params=True)
     x = torch.randn(2048, 4, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
-    params = [p for p in layer.parameters()]
     for label, fp8 in (("BF16", False), ("FP8 delayed", True)):
         kwargs = {"enabled": fp8, "recipe": recipe.DelayedScaling() if fp8 else None}
-
-        def step(kwargs=kwargs):
-            with te.autocast(**kwargs):
-                y = layer(x)
-            y.backward(dy)
-            for p in params:
-                p.grad = None
-
-        def bare_loop() -> float:
-            begin = time.perf_counter()
-            while time.perf_counter() - begin < 1.0:  # the same warm-up as the speedometer's
-                step()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                step()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) / iters
-
+        step = _make_step(te, layer, x, dy, kwargs)
         begin = time.perf_counter()
         while (
             time.perf_counter() - begin < warm_seconds
@@ -74,16 +96,8 @@ def main(rounds: int = 7, iters: int = 100, warm_seconds: float = 5.0) -> int:
             )
             medians.append(timing.median_ms)
             means.append(timing.mean_ms)
-            bares.append(bare_loop())
-        spread = (max(medians) - min(medians)) / statistics.median(medians)
-        variation = statistics.stdev(medians) / statistics.mean(medians)
-        overhead = statistics.median(m / b - 1 for m, b in zip(means, bares, strict=True))
-        print(
-            f"{label}: speedometer medians {[round(m, 3) for m in medians]} ms; bare loop "
-            f"{[round(b, 3) for b in bares]} ms/iter; "
-            f"round-to-round range (max-min)/median {spread:.2%}, "
-            f"coefficient of variation {variation:.2%}; overhead {overhead:+.2%}"
-        )
+            bares.append(_bare_loop(step, iters))
+        _report(label, medians, means, bares)
     return 0
 
 

@@ -234,6 +234,34 @@ class _GemmModule(nn.Module):
         self.fp8_meta = make_fp8_meta(None)
         self._weight_cache: dict[str, torch.Tensor] = {}
 
+    def _make_norm_parameters(
+        self, size: int, normalization: str, zero_centered_gamma: bool, dtype, device
+    ) -> None:
+        """The fused input norm's gamma (``layer_norm_weight``) and, for LayerNorm, beta."""
+        self.layer_norm_weight = _norm_weight(size, zero_centered_gamma, dtype, device)
+        self.layer_norm_bias = (
+            nn.Parameter(torch.zeros(size, dtype=dtype, device=device))
+            if normalization == "LayerNorm"
+            else None
+        )
+
+    def _meta_for(self, name: str, recipe: recipes.Recipe) -> dict:
+        """The FP8 meta of GEMM ``name``, made afresh when the recipe (or its history length)
+        changed; one meta per GEMM so each weight keeps its own history, as in TE's multi-GEMM
+        modules."""
+        if (
+            self.fp8_meta["recipe"] is None
+            or type(self.fp8_meta["recipe"]) is not type(recipe)
+            or (
+                recipe.delayed()
+                and self.fp8_meta["scaling_fwd"].amax_history.shape[0] != recipe.amax_history_len
+            )
+        ):
+            self.fp8_meta = make_fp8_meta(recipe)
+        if name == "weight":
+            return self.fp8_meta
+        return self.fp8_meta.setdefault(name, make_fp8_meta(recipe))
+
     def _gemm(
         self,
         x2d: torch.Tensor,
@@ -262,21 +290,7 @@ class _GemmModule(nn.Module):
                 return _MainGradAccumulate.apply(x2d, weight, bias, fuse)
             return F.linear(x2d, weight, bias)
         recipe = q.STATE.recipe
-        if (
-            self.fp8_meta["recipe"] is None
-            or type(self.fp8_meta["recipe"]) is not type(recipe)
-            or (
-                recipe.delayed()
-                and self.fp8_meta["scaling_fwd"].amax_history.shape[0] != recipe.amax_history_len
-            )
-        ):
-            self.fp8_meta = make_fp8_meta(recipe)
-        # one meta per GEMM so each weight keeps its own history, as in TE's multi-GEMM modules
-        meta = (
-            self.fp8_meta
-            if name == "weight"
-            else self.fp8_meta.setdefault(name, make_fp8_meta(recipe))
-        )
+        meta = self._meta_for(name, recipe)
         bwd_metas = q.register_module_metas(meta, recipe)
         cached = self._weight_cache.get(name) if is_first_microbatch is False else None
         out, wq = _FP8Gemm.apply(
@@ -476,6 +490,28 @@ class Linear(_GemmModule):
         return (out, self.bias) if self.return_bias else out
 
 
+def _check_layernorm_linear_arguments(extra, parallel_arguments, normalization, parameters_split):
+    """Refuse what ``LayerNormLinear`` does not model; returns the tensor-parallel size.
+    ``parallel_arguments``: ``(tp_group, tp_size, sequence_parallel, parallel_mode)``."""
+    tp_group, tp_size, sequence_parallel, parallel_mode = parallel_arguments
+    extra = {
+        k: v for k, v in extra.items() if not (k.startswith("ub_") and not v) and k != "fp8_output"
+    }
+    _refuse_unknown("LayerNormLinear", extra)
+    tp = check_parallel("LayerNormLinear", tp_group, tp_size, sequence_parallel, parallel_mode)
+    _refuse(
+        "LayerNormLinear",
+        normalization=(normalization, ("LayerNorm", "RMSNorm")),
+        parallel_mode=(parallel_mode, (None, "column")),
+    )
+    if tp > 1 and parameters_split is not None:
+        raise NotImplementedError(
+            "LayerNormLinear: parameters_split with tensor parallelism is not modelled by "
+            "the CPU reference (use fuse_qkv_params=True in TransformerLayer)"
+        )
+    return tp
+
+
 class LayerNormLinear(_GemmModule):
     """``te.LayerNormLinear``: a norm (LayerNorm or RMSNorm) fused with the Linear that follows
     it."""
@@ -505,23 +541,12 @@ class LayerNormLinear(_GemmModule):
         **extra,
     ):
         super().__init__()
-        extra = {
-            k: v
-            for k, v in extra.items()
-            if not (k.startswith("ub_") and not v) and k != "fp8_output"
-        }
-        _refuse_unknown("LayerNormLinear", extra)
-        tp = check_parallel("LayerNormLinear", tp_group, tp_size, sequence_parallel, parallel_mode)
-        _refuse(
-            "LayerNormLinear",
-            normalization=(normalization, ("LayerNorm", "RMSNorm")),
-            parallel_mode=(parallel_mode, (None, "column")),
+        tp = _check_layernorm_linear_arguments(
+            extra,
+            (tp_group, tp_size, sequence_parallel, parallel_mode),
+            normalization,
+            parameters_split,
         )
-        if tp > 1 and parameters_split is not None:
-            raise NotImplementedError(
-                "LayerNormLinear: parameters_split with tensor parallelism is not modelled by "
-                "the CPU reference (use fuse_qkv_params=True in TransformerLayer)"
-            )
         dtype = params_dtype or torch.get_default_dtype()
         device = _device(device)
         self.tp_group, self.tp_size, self.parallel_mode = tp_group, tp, parallel_mode
@@ -535,15 +560,18 @@ class LayerNormLinear(_GemmModule):
         )
         self.return_bias, self.return_layernorm_output = return_bias, return_layernorm_output
         self.in_features, self.out_features = in_features, out_features
-        self.layer_norm_weight = _norm_weight(in_features, zero_centered_gamma, dtype, device)
-        self.layer_norm_bias = (
-            nn.Parameter(torch.zeros(in_features, dtype=dtype, device=device))
-            if normalization == "LayerNorm"
-            else None
-        )
+        self._make_norm_parameters(in_features, normalization, zero_centered_gamma, dtype, device)
         parallel.mark_sequence_parallel(
             self.layer_norm_weight, self.layer_norm_bias, value=self.sequence_parallel
         )
+        weights = self._make_weights(parameters_split, bias, dtype, device, init_method)
+        self._setup_gemm_state(fuse_wgrad_accumulation)
+        _quantize_weight_at_init(self, weights)
+
+    def _make_weights(self, parameters_split, bias: bool, dtype, device, init_method):
+        """The GEMM weight and bias, whole or split into named parts (``query_weight``, ...);
+        returns the weights' attribute names."""
+        in_features, out_features = self.in_features, self.out_features
         if parameters_split is None:
             self.split = None
             self.weight = _init_weight((out_features, in_features), dtype, device, init_method)
@@ -552,32 +580,29 @@ class LayerNormLinear(_GemmModule):
                 if bias
                 else None
             )
-            weights = ("weight",)
-        else:
-            sizes = (
-                dict(parameters_split)
-                if isinstance(parameters_split, dict)
-                else {n: out_features // len(parameters_split) for n in parameters_split}
+            return ("weight",)
+        sizes = (
+            dict(parameters_split)
+            if isinstance(parameters_split, dict)
+            else {n: out_features // len(parameters_split) for n in parameters_split}
+        )
+        if sum(sizes.values()) != out_features:
+            raise ValueError(
+                f"parameters_split sizes {sizes} must add up to out_features={out_features}"
             )
-            if sum(sizes.values()) != out_features:
-                raise ValueError(
-                    f"parameters_split sizes {sizes} must add up to out_features={out_features}"
-                )
-            self.split = sizes
-            for part, size in sizes.items():
-                setattr(
-                    self,
-                    f"{part.rstrip('_')}_weight",
-                    _init_weight((size, in_features), dtype, device, init_method),
-                )
-                setattr(
-                    self,
-                    f"{part.rstrip('_')}_bias",
-                    nn.Parameter(torch.zeros(size, dtype=dtype, device=device)) if bias else None,
-                )
-            weights = tuple(f"{p.rstrip('_')}_weight" for p in sizes)
-        self._setup_gemm_state(fuse_wgrad_accumulation)
-        _quantize_weight_at_init(self, weights)
+        self.split = sizes
+        for part, size in sizes.items():
+            setattr(
+                self,
+                f"{part.rstrip('_')}_weight",
+                _init_weight((size, in_features), dtype, device, init_method),
+            )
+            setattr(
+                self,
+                f"{part.rstrip('_')}_bias",
+                nn.Parameter(torch.zeros(size, dtype=dtype, device=device)) if bias else None,
+            )
+        return tuple(f"{p.rstrip('_')}_weight" for p in sizes)
 
     def _weight_and_bias(self):
         if self.split is None:
@@ -643,6 +668,28 @@ def apply_activation(x: torch.Tensor, kind: str) -> torch.Tensor:
 ACTIVATIONS = ("gelu", "relu", "silu", "swiglu", "geglu", "reglu")
 
 
+def _check_mlp_arguments(extra, parallel_arguments, normalization, activation, activation_params):
+    """Refuse what ``LayerNormMLP`` does not model; returns the tensor-parallel size.
+    ``parallel_arguments``: ``(tp_group, tp_size, sequence_parallel, set_parallel_mode)``."""
+    tp_group, tp_size, sequence_parallel, set_parallel_mode = parallel_arguments
+    extra = {k: v for k, v in extra.items() if not (k.startswith("ub_") and not v)}
+    _refuse_unknown("LayerNormMLP", extra)
+    tp = check_parallel(
+        "LayerNormMLP",
+        tp_group,
+        tp_size,
+        sequence_parallel,
+        set_parallel_mode=set_parallel_mode,
+    )
+    _refuse(
+        "LayerNormMLP",
+        normalization=(normalization, ("LayerNorm", "RMSNorm")),
+        activation=(activation, ACTIVATIONS),
+        activation_params=(activation_params, (None,)),
+    )
+    return tp
+
+
 class LayerNormMLP(_GemmModule):
     """``te.LayerNormMLP``: norm, FC1, activation, FC2 (one fused module in TE)."""
 
@@ -675,20 +722,9 @@ class LayerNormMLP(_GemmModule):
         **extra,
     ):
         super().__init__()
-        extra = {k: v for k, v in extra.items() if not (k.startswith("ub_") and not v)}
-        _refuse_unknown("LayerNormMLP", extra)
-        tp = check_parallel(
-            "LayerNormMLP",
-            tp_group,
-            tp_size,
-            sequence_parallel,
-            set_parallel_mode=set_parallel_mode,
-        )
-        _refuse(
-            "LayerNormMLP",
-            normalization=(normalization, ("LayerNorm", "RMSNorm")),
-            activation=(activation, ACTIVATIONS),
-            activation_params=(activation_params, (None,)),
+        parallel_arguments = (tp_group, tp_size, sequence_parallel, set_parallel_mode)
+        tp = _check_mlp_arguments(
+            extra, parallel_arguments, normalization, activation, activation_params
         )
         dtype = params_dtype or torch.get_default_dtype()
         device = _device(device)
@@ -701,22 +737,14 @@ class LayerNormMLP(_GemmModule):
         self.normalization, self.activation, self.eps = normalization, activation, eps
         self.zero_centered_gamma, self.return_bias = zero_centered_gamma, return_bias
         self.return_layernorm_output = return_layernorm_output
-        self.layer_norm_weight = _norm_weight(hidden_size, zero_centered_gamma, dtype, device)
-        self.layer_norm_bias = (
-            nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
-            if normalization == "LayerNorm"
-            else None
-        )
+        self._make_norm_parameters(hidden_size, normalization, zero_centered_gamma, dtype, device)
         fc1_out = 2 * ffn_hidden_size if gated else ffn_hidden_size
-        self.fc1_weight = _init_weight((fc1_out, hidden_size), dtype, device, init_method)
-        self.fc1_bias = (
-            nn.Parameter(torch.zeros(fc1_out, dtype=dtype, device=device)) if bias else None
-        )
-        self.fc2_weight = _init_weight(
-            (hidden_size, ffn_hidden_size), dtype, device, output_layer_init_method or init_method
-        )
-        self.fc2_bias = (
-            nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device)) if bias else None
+        self._make_fc_parameters(
+            (hidden_size, ffn_hidden_size, fc1_out),
+            bias,
+            dtype,
+            device,
+            (init_method, output_layer_init_method or init_method),
         )
         parallel.mark_sequence_parallel(
             self.layer_norm_weight, self.layer_norm_bias, value=self.sequence_parallel
@@ -725,6 +753,20 @@ class LayerNormMLP(_GemmModule):
             parallel.mark_sequence_parallel(self.fc2_bias, value=self.sequence_parallel)
         self._setup_gemm_state(fuse_wgrad_accumulation)
         _quantize_weight_at_init(self, ("fc1_weight", "fc2_weight"))
+
+    def _make_fc_parameters(self, sizes, bias: bool, dtype, device, init_methods) -> None:
+        """FC1 ``[fc1_out, H]`` and FC2 ``[H, F]`` weights (``sizes``: H, F, fc1_out), and their
+        biases."""
+        hidden_size, ffn_hidden_size, fc1_out = sizes
+        fc1_init, fc2_init = init_methods
+        self.fc1_weight = _init_weight((fc1_out, hidden_size), dtype, device, fc1_init)
+        self.fc1_bias = (
+            nn.Parameter(torch.zeros(fc1_out, dtype=dtype, device=device)) if bias else None
+        )
+        self.fc2_weight = _init_weight((hidden_size, ffn_hidden_size), dtype, device, fc2_init)
+        self.fc2_bias = (
+            nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device)) if bias else None
+        )
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None):
         normed = _norm(

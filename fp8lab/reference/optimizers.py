@@ -156,6 +156,60 @@ class FusedAdam(torch.optim.Optimizer):
 
     # --- the step ------------------------------------------------------------------------------
 
+    def _gather(self, group: dict):
+        """The parameters of ``group`` that have a gradient, with their FP32 values (the master
+        copy where there is one), FP32 gradients and both moments."""
+        params, values, grads, firsts, seconds = [], [], [], [], []
+        for p in group["params"]:
+            state = self.state[p]
+            if len(state) == 0:
+                self.initialize_state(p, self.store_param_remainders)
+            grad = getattr(p, "decoupled_grad", None) if self.use_decoupled_grad else p.grad
+            if grad is None:
+                continue
+            if grad.is_sparse:
+                raise RuntimeError("FusedAdam does not support sparse gradients.")
+            fp8 = _is_fp8(p)
+            if fp8 and not self.master_weights:
+                raise RuntimeError(
+                    "FusedAdam without master_weights does not support FP8 parameters "
+                    "(te.quantized_model_init). Use master_weights=True."
+                )
+            if p.dtype == torch.float32 and not fp8:
+                value = p.detach()  # FP32 parameters are their own master copy
+            elif self.master_weights:
+                value = state["master_param"]
+            else:
+                value = p.detach().float()
+            params.append(p)
+            values.append(value)
+            grads.append(grad.detach().float())
+            firsts.append(state["exp_avg"])
+            seconds.append(state["exp_avg_sq"])
+        return params, values, grads, firsts, seconds
+
+    def _update(self, group: dict, values, grads, firsts, seconds) -> None:
+        """Adam (or AdamW) on the FP32 ``values``, in place, as TE's multi-tensor kernel."""
+        beta1, beta2 = group["betas"]
+        step = group["step"]
+        correction1 = 1 - beta1**step if group["bias_correction"] else 1.0
+        correction2 = 1 - beta2**step if group["bias_correction"] else 1.0
+        lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
+        if not self.adam_w_mode:  # L2 regularisation: the decay joins the gradient
+            grads = torch._foreach_add(grads, values, alpha=decay)
+        torch._foreach_mul_(firsts, beta1)
+        torch._foreach_add_(firsts, grads, alpha=1 - beta1)
+        torch._foreach_mul_(seconds, beta2)
+        torch._foreach_addcmul_(seconds, grads, grads, value=1 - beta2)
+        denominators = torch._foreach_div(seconds, correction2)
+        torch._foreach_sqrt_(denominators)
+        torch._foreach_add_(denominators, eps)
+        updates = torch._foreach_div(firsts, correction1)
+        torch._foreach_div_(updates, denominators)
+        if self.adam_w_mode:
+            torch._foreach_add_(updates, values, alpha=decay)
+        torch._foreach_add_(values, updates, alpha=-lr)
+
     @torch.no_grad()
     def step(self, closure=None, grad_scaler=None):
         """One Adam step over every parameter with a gradient."""
@@ -169,54 +223,10 @@ class FusedAdam(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             group["step"] = group.get("step", 0) + 1
-            beta1, beta2 = group["betas"]
-            step = group["step"]
-            correction1 = 1 - beta1**step if group["bias_correction"] else 1.0
-            correction2 = 1 - beta2**step if group["bias_correction"] else 1.0
-            lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
-            params, values, grads, firsts, seconds = [], [], [], [], []
-            for p in group["params"]:
-                state = self.state[p]
-                if len(state) == 0:
-                    self.initialize_state(p, self.store_param_remainders)
-                grad = getattr(p, "decoupled_grad", None) if self.use_decoupled_grad else p.grad
-                if grad is None:
-                    continue
-                if grad.is_sparse:
-                    raise RuntimeError("FusedAdam does not support sparse gradients.")
-                fp8 = _is_fp8(p)
-                if fp8 and not self.master_weights:
-                    raise RuntimeError(
-                        "FusedAdam without master_weights does not support FP8 parameters "
-                        "(te.quantized_model_init). Use master_weights=True."
-                    )
-                if p.dtype == torch.float32 and not fp8:
-                    value = p.detach()  # FP32 parameters are their own master copy
-                elif self.master_weights:
-                    value = state["master_param"]
-                else:
-                    value = p.detach().float()
-                params.append(p)
-                values.append(value)
-                grads.append(grad.detach().float())
-                firsts.append(state["exp_avg"])
-                seconds.append(state["exp_avg_sq"])
+            params, values, grads, firsts, seconds = self._gather(group)
             if not params:
                 continue
-            if not self.adam_w_mode:  # L2 regularisation: the decay joins the gradient
-                grads = torch._foreach_add(grads, values, alpha=decay)
-            torch._foreach_mul_(firsts, beta1)
-            torch._foreach_add_(firsts, grads, alpha=1 - beta1)
-            torch._foreach_mul_(seconds, beta2)
-            torch._foreach_addcmul_(seconds, grads, grads, value=1 - beta2)
-            denominators = torch._foreach_div(seconds, correction2)
-            torch._foreach_sqrt_(denominators)
-            torch._foreach_add_(denominators, eps)
-            updates = torch._foreach_div(firsts, correction1)
-            torch._foreach_div_(updates, denominators)
-            if self.adam_w_mode:
-                torch._foreach_add_(updates, values, alpha=decay)
-            torch._foreach_add_(values, updates, alpha=-lr)
+            self._update(group, values, grads, firsts, seconds)
             for p, value in zip(params, values, strict=True):
                 if _is_fp8(p):
                     requantize_fp8_weight(p, value)

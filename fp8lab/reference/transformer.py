@@ -35,83 +35,55 @@ class _SelfAttention(nn.Module):
     """The attention block of ``TransformerLayer`` (TE's ``MultiheadAttention`` with an input
     norm)."""
 
-    def __init__(
-        self,
-        hidden_size,
-        num_attention_heads,
-        kv_channels,
-        num_gqa_groups,
-        eps,
-        attention_dropout,
-        mask_type,
-        params_dtype,
-        fuse_qkv_params,
-        qkv_weight_interleaved,
-        bias,
-        normalization,
-        init_method,
-        output_layer_init_method,
-        fuse_wgrad_accumulation,
-        zero_centered_gamma,
-        device,
-        layer_number,
-        attn_input_format,
-        tp_group=None,
-        tp_size=1,
-        sequence_parallel=False,
-        set_parallel_mode=False,
-    ):
+    def __init__(self, settings: dict, tp_size: int, sequence_parallel: bool):
+        """``settings``: the ``TransformerLayer``'s arguments by name; ``tp_size`` ranks."""
         super().__init__()
-        parallel_mode = "column" if set_parallel_mode else None
+        heads, set_parallel_mode = settings["num_attention_heads"], settings["set_parallel_mode"]
+        hidden_size, groups = settings["hidden_size"], settings["num_gqa_groups"] or heads
+        kv_channels = settings["kv_channels"] or hidden_size // heads
         tensor_parallel = {
-            "tp_group": tp_group,
+            "tp_group": settings["tp_group"],
             "tp_size": tp_size,
             "sequence_parallel": sequence_parallel,
         }
-        self.heads, self.groups, self.head_dim = (
-            num_attention_heads // tp_size,
-            num_gqa_groups // tp_size,
-            kv_channels,
+        self.heads, self.groups, self.head_dim = heads // tp_size, groups // tp_size, kv_channels
+        self.interleaved = settings["qkv_weight_interleaved"] and settings["fuse_qkv_params"]
+        q_size, kv_size = heads * kv_channels, groups * kv_channels
+        split = (
+            None
+            if settings["fuse_qkv_params"]
+            else {"query": q_size, "key": kv_size, "value": kv_size}
         )
-        self.interleaved = qkv_weight_interleaved and fuse_qkv_params
-        q_size, kv_size = num_attention_heads * kv_channels, num_gqa_groups * kv_channels
-        split = None if fuse_qkv_params else {"query": q_size, "key": kv_size, "value": kv_size}
+        gemm = {k: settings[k] for k in ("bias", "params_dtype", "device")} | tensor_parallel
+        gemm["fuse_wgrad_accumulation"] = settings["fuse_wgrad_accumulation"]
         self.layernorm_qkv = LayerNormLinear(
             hidden_size,
             q_size + 2 * kv_size,
-            eps=eps,
-            init_method=init_method,
-            bias=bias,
-            normalization=normalization,
-            params_dtype=params_dtype,
+            eps=settings["layernorm_epsilon"],
+            init_method=settings["init_method"],
+            normalization=settings["normalization"],
             parameters_split=split,
-            zero_centered_gamma=zero_centered_gamma,
-            fuse_wgrad_accumulation=fuse_wgrad_accumulation,
-            device=device,
-            parallel_mode=parallel_mode,
-            **tensor_parallel,
+            zero_centered_gamma=settings["zero_centered_gamma"],
+            parallel_mode="column" if set_parallel_mode else None,
+            **gemm,
         )
         self.core_attention = DotProductAttention(
-            num_attention_heads,
+            heads,
             kv_channels,
-            num_gqa_groups=num_gqa_groups,
-            attention_dropout=attention_dropout,
-            attn_mask_type=mask_type,
-            layer_number=layer_number,
-            qkv_format=attn_input_format,
+            num_gqa_groups=groups,
+            attention_dropout=settings["attention_dropout"],
+            attn_mask_type=settings["self_attn_mask_type"],
+            layer_number=settings["layer_number"],
+            qkv_format=settings["attn_input_format"],
             **tensor_parallel,
         )
         self.proj = Linear(
             q_size,
             hidden_size,
-            init_method=output_layer_init_method,
-            bias=bias,
+            init_method=settings["output_layer_init_method"],
             return_bias=True,
-            params_dtype=params_dtype,
-            fuse_wgrad_accumulation=fuse_wgrad_accumulation,
-            device=device,
             parallel_mode="row" if set_parallel_mode else None,
-            **tensor_parallel,
+            **gemm,
         )
 
     def forward(self, x, mask_type, rotary_pos_emb, is_first_microbatch):
@@ -124,6 +96,77 @@ class _SelfAttention(nn.Module):
             q, k = apply_rotary_pos_emb(q, freqs_q), apply_rotary_pos_emb(k, freqs_k)
         context = self.core_attention(q, k, v, attn_mask_type=mask_type)
         return self.proj(context, is_first_microbatch=is_first_microbatch)
+
+
+def _check_layer_arguments(extra: dict, settings: dict) -> int:
+    """Refuse what ``TransformerLayer`` does not model (``settings``: its arguments by name);
+    returns the tensor-parallel size."""
+    extra = {k: v for k, v in extra.items() if not (k.startswith("ub_") and not v)}
+    _refuse_unknown("TransformerLayer", extra)
+    tp = check_parallel(
+        "TransformerLayer",
+        settings["tp_group"],
+        settings["tp_size"],
+        settings["sequence_parallel"],
+        set_parallel_mode=settings["set_parallel_mode"],
+    )
+    _refuse(
+        "TransformerLayer",
+        **{
+            name: (settings[name], allowed)
+            for name, allowed in (
+                ("apply_residual_connection_post_layernorm", (False,)),
+                ("output_layernorm", (False,)),
+                ("parallel_attention_mlp", (False,)),
+                ("layer_type", ("encoder",)),
+                ("drop_path_rate", (0.0, 0)),
+                ("rotary_pos_interleaved", (False,)),
+                ("self_attn_mask_type", ("causal", "no_mask")),
+            )
+        },
+    )
+    hidden_size, heads = settings["hidden_size"], settings["num_attention_heads"]
+    if hidden_size % heads and settings["kv_channels"] is None:
+        raise ValueError(
+            f"num_attention_heads={heads} must divide hidden_size={hidden_size} "
+            "(or give kv_channels)"
+        )
+    if not 0.0 <= settings["hidden_dropout"] < 1.0:
+        raise ValueError(f"hidden_dropout={settings['hidden_dropout']}: must be in [0, 1)")
+    groups = settings["num_gqa_groups"] or heads
+    if heads % groups:
+        raise ValueError(f"num_gqa_groups={groups} must divide num_attention_heads={heads}")
+    return tp
+
+
+def _make_layernorm_mlp(settings: dict, tp: int, sequence_parallel: bool) -> LayerNormMLP:
+    """The MLP block (norm, FC1, activation, FC2) of a ``TransformerLayer`` of these
+    ``settings``."""
+    return LayerNormMLP(
+        settings["hidden_size"],
+        settings["ffn_hidden_size"],
+        eps=settings["layernorm_epsilon"],
+        return_bias=True,
+        tp_size=tp,
+        sequence_parallel=sequence_parallel,
+        **{
+            name: settings[name]
+            for name in (
+                "bias",
+                "normalization",
+                "activation",
+                "activation_params",
+                "init_method",
+                "output_layer_init_method",
+                "fuse_wgrad_accumulation",
+                "params_dtype",
+                "zero_centered_gamma",
+                "device",
+                "tp_group",
+                "set_parallel_mode",
+            )
+        },
+    )
 
 
 class TransformerLayer(nn.Module):
@@ -171,89 +214,13 @@ class TransformerLayer(nn.Module):
         name: str | None = None,
         **extra,
     ):
+        settings = {k: v for k, v in locals().items() if k not in ("self", "extra", "__class__")}
         super().__init__()
-        extra = {k: v for k, v in extra.items() if not (k.startswith("ub_") and not v)}
-        _refuse_unknown("TransformerLayer", extra)
-        tp = check_parallel(
-            "TransformerLayer",
-            tp_group,
-            tp_size,
-            sequence_parallel,
-            set_parallel_mode=set_parallel_mode,
-        )
+        tp = _check_layer_arguments(extra, settings)
         self.tp_size, self.sequence_parallel = tp, tp > 1 and sequence_parallel
-        _refuse(
-            "TransformerLayer",
-            apply_residual_connection_post_layernorm=(
-                apply_residual_connection_post_layernorm,
-                (False,),
-            ),
-            output_layernorm=(output_layernorm, (False,)),
-            parallel_attention_mlp=(parallel_attention_mlp, (False,)),
-            layer_type=(layer_type, ("encoder",)),
-            drop_path_rate=(drop_path_rate, (0.0, 0)),
-            rotary_pos_interleaved=(rotary_pos_interleaved, (False,)),
-            self_attn_mask_type=(self_attn_mask_type, ("causal", "no_mask")),
-        )
-        if hidden_size % num_attention_heads and kv_channels is None:
-            raise ValueError(
-                f"num_attention_heads={num_attention_heads} must divide hidden_size={hidden_size} "
-                "(or give kv_channels)"
-            )
-        if not 0.0 <= hidden_dropout < 1.0:
-            raise ValueError(f"hidden_dropout={hidden_dropout}: must be in [0, 1)")
-        kv_channels = kv_channels or hidden_size // num_attention_heads
-        groups = num_gqa_groups or num_attention_heads
-        if num_attention_heads % groups:
-            raise ValueError(
-                f"num_gqa_groups={groups} must divide num_attention_heads={num_attention_heads}"
-            )
         self.hidden_dropout, self.self_attn_mask_type = hidden_dropout, self_attn_mask_type
-        self.self_attention = _SelfAttention(
-            hidden_size,
-            num_attention_heads,
-            kv_channels,
-            groups,
-            layernorm_epsilon,
-            attention_dropout,
-            self_attn_mask_type,
-            params_dtype,
-            fuse_qkv_params,
-            qkv_weight_interleaved,
-            bias,
-            normalization,
-            init_method,
-            output_layer_init_method,
-            fuse_wgrad_accumulation,
-            zero_centered_gamma,
-            device,
-            layer_number,
-            attn_input_format,
-            tp_group=tp_group,
-            tp_size=tp,
-            sequence_parallel=self.sequence_parallel,
-            set_parallel_mode=set_parallel_mode,
-        )
-        self.layernorm_mlp = LayerNormMLP(
-            hidden_size,
-            ffn_hidden_size,
-            eps=layernorm_epsilon,
-            bias=bias,
-            normalization=normalization,
-            activation=activation,
-            activation_params=activation_params,
-            init_method=init_method,
-            output_layer_init_method=output_layer_init_method,
-            fuse_wgrad_accumulation=fuse_wgrad_accumulation,
-            params_dtype=params_dtype,
-            return_bias=True,
-            zero_centered_gamma=zero_centered_gamma,
-            device=device,
-            tp_group=tp_group,
-            tp_size=tp,
-            sequence_parallel=self.sequence_parallel,
-            set_parallel_mode=set_parallel_mode,
-        )
+        self.self_attention = _SelfAttention(settings, tp, self.sequence_parallel)
+        self.layernorm_mlp = _make_layernorm_mlp(settings, tp, self.sequence_parallel)
 
     def set_context_parallel_group(self, cp_group, cp_global_ranks, cp_stream, cp_comm_type="p2p"):
         """TE splits attention over a context-parallel group here; the reference does not."""
