@@ -9,7 +9,7 @@ from fp8lab import book
 
 def _captured_glue(monkeypatch, hide_myst: bool):
     shown = []
-    monkeypatch.setattr("IPython.display.display", lambda *a, **k: shown.append((a, k)))
+    monkeypatch.setattr(book, "ipy_display", lambda *a, **k: shown.append((a, k)))
     if hide_myst:
         monkeypatch.setitem(sys.modules, "myst_nb", None)
     book.glue("answer", 42, display=False)
