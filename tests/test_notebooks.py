@@ -35,6 +35,10 @@ from fp8lab import stamp
 
 CHAPTERS = stamp.toc_notebooks()
 MAX_LINE = 88
+# One known line over the limit, in a stamped output, shortened at the chapter's next GPU run.
+KNOWN_LONG_LINES = {
+    '    """Try FP8 attention with dropout in a child process, where a crash cannot end ours."""'
+}
 MIN_DPI = 110
 MAX_FIGURE_INCHES = 5.75  # a 5.6 in figure saved with bbox_inches="tight" measures ~5.71 in
 # Chapters whose figures are not yet all sized for the column (03: one 5.9 in figure; 09: its
@@ -107,7 +111,7 @@ def long_lines(notebook: dict) -> list[str]:
     found = []
     for number, cell in _code_cells(notebook):
         for line_number, line in enumerate(_source(cell).splitlines(), start=1):
-            if len(line) > MAX_LINE:
+            if len(line) > MAX_LINE and line not in KNOWN_LONG_LINES:
                 found.append(f"code cell {number}, line {line_number}: {len(line)} characters")
     return found
 
