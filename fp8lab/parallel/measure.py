@@ -5,7 +5,6 @@ and the kernels of one profiled step (which ran where, and how much communicatio
 from __future__ import annotations
 
 import json
-import math
 import re
 import tempfile
 from collections.abc import Callable
@@ -15,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from fp8lab.parallel.process import Context
-from fp8lab.profiling import categorize
+from fp8lab.profiling import categorize, union_length
 from fp8lab.speedometer import time_callable
 
 COMMUNICATION = re.compile(
@@ -80,17 +79,6 @@ def collective(op: str, nbytes: int, group, ctx: Context):
     raise ValueError(f"op={op!r}: must be all_reduce, all_gather or reduce_scatter")
 
 
-def _intervals_length(intervals: list[tuple[float, float]]) -> float:
-    """Total length of a union of intervals."""
-    total, end = 0.0, -math.inf
-    for start, stop in sorted(intervals):
-        if stop <= end:
-            continue
-        total += stop - max(start, end)
-        end = stop
-    return total
-
-
 def _kernel_events(trace: dict, cuda: bool) -> list[dict]:
     events = []
     for event in trace.get("traceEvents", []):
@@ -149,8 +137,8 @@ def profile_step(ctx: Context, step: Callable, warmup: int = 3) -> dict:
     compute = [
         (e["start_us"], e["start_us"] + e["dur_us"]) for e in events if e["kind"] != "communication"
     ]
-    comm_us, compute_us = _intervals_length(comm), _intervals_length(compute)
-    both = _intervals_length(comm + compute)
+    comm_us, compute_us = union_length(comm), union_length(compute)
+    both = union_length(comm + compute)
     overlapped = comm_us + compute_us - both
     events.sort(key=lambda e: e["start_us"])
     return {
