@@ -1,0 +1,223 @@
+"""What the committed chapters hold: glued values, stamped run times, headings and exercises.
+
+Everything a workshop page states about a chapter is read here from the chapter's committed
+``.ipynb`` (the outputs of its last GPU run), never typed: when a chapter is re-run and
+re-stamped, the agendas, expected numbers and graded answers follow. Nothing here imports torch.
+
+A value glued with :func:`fp8lab.book.glue` is stored as a display output whose metadata names
+it (``scrapbook.name``) and whose data is the value's ``text/plain`` form, under the
+``application/papermill.record/`` prefix unless it was displayed.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from fp8lab import checks
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+_GLUE_MIME = "text/plain"
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_GLUE_ROLE = re.compile(r"\{glue(?::text)?\}`([^`]+)`")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A number as a glued text shows it: ``value`` (the first number), ``low``/``high`` (the
+    two ends where the text is a range such as ``1.45–1.48``, else the value), and ``half_unit``,
+    half the last shown digit (the rounding the text hides)."""
+
+    text: str
+    value: float
+    low: float
+    high: float
+    half_unit: float
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise of a chapter: ``key`` such as ``"03.2"``, its question and its hidden answer
+    (MyST markdown, glue roles unresolved)."""
+
+    key: str
+    question: str
+    answer: str
+
+
+def chapter_key(chapter) -> str:
+    """The two-digit key of a chapter (``"05"``), checked against the committed notebooks."""
+    if isinstance(chapter, bool) or not isinstance(chapter, (str, int)):
+        raise TypeError(f"chapter={checks.show(chapter)}: must be a key such as '05'")
+    key = f"{chapter:02d}" if isinstance(chapter, int) else chapter
+    if not re.fullmatch(r"\d\d", key) or not list(NOTEBOOKS.glob(f"{key}_*.ipynb")):
+        known = ", ".join(sorted(p.name[:2] for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")))
+        raise ValueError(f"chapter={checks.show(chapter)}: no such chapter (known: {known})")
+    return key
+
+
+def chapter_path(chapter) -> Path:
+    """The committed notebook of ``chapter``."""
+    return sorted(NOTEBOOKS.glob(f"{chapter_key(chapter)}_*.ipynb"))[0]
+
+
+@functools.lru_cache(maxsize=32)
+def _notebook(path: Path, mtime: float) -> dict:
+    return json.loads(path.read_text())
+
+
+def notebook(chapter) -> dict:
+    """The committed notebook of ``chapter`` as a dict (read once per change of the file)."""
+    path = chapter_path(chapter)
+    return _notebook(path, path.stat().st_mtime)
+
+
+def _source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+def _plain(text) -> str:
+    text = "".join(text) if isinstance(text, list) else str(text)
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+    return value if isinstance(value, str) else text
+
+
+def glued(chapter) -> dict[str, str]:
+    """Every value the chapter's committed outputs glue, by name, as the page shows it."""
+    values = {}
+    for cell in notebook(chapter)["cells"]:
+        for output in cell.get("outputs", []):
+            name = (output.get("metadata") or {}).get("scrapbook", {}).get("name")
+            if not name:
+                continue
+            data = output.get("data", {})
+            text = next((v for k, v in data.items() if k.endswith(_GLUE_MIME)), None)
+            if text is not None:
+                values[name] = _plain(text)
+    return values
+
+
+def glued_text(chapter, name: str, used_by: str = "") -> str:
+    """One glued value; a name the committed outputs no longer glue raises ``ValueError`` that
+    says which chapter, glue name and user (``used_by``: an exercise, an agenda block)."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name={checks.show(name)}: must be a glue name")
+    values = glued(chapter)
+    if name not in values:
+        who = f"{used_by} reads" if used_by else "reading"
+        raise ValueError(
+            f"name={name!r}: {who} glue {name!r}, which chapter {chapter_key(chapter)}'s "
+            f"committed outputs ({chapter_path(chapter).name}) no longer hold"
+        )
+    return values[name]
+
+
+def reading(text: str) -> Reading:
+    """The number in a glued text (``"1,468"``, ``"81%"``, ``"1.45–1.48"``, ``"2.8e-03"``)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text={checks.show(text)}: must be the text of a glued value")
+    found = list(_NUMBER.finditer(text))
+    if not found:
+        raise ValueError(f"text={text!r}: holds no number")
+    values = [float(m.group().replace(",", "")) for m in found]
+    first = found[0].group().replace(",", "")
+    mantissa, _, exponent = first.lower().partition("e")
+    digits = len(mantissa.partition(".")[2])
+    half = 0.5 * 10.0 ** (-digits + (int(exponent) if exponent else 0))
+    is_range = len(found) >= 2 and text[found[0].end() : found[1].start()].strip() in "–-"
+    low, high = (min(values[:2]), max(values[:2])) if is_range else (values[0], values[0])
+    return Reading(text, values[0], low, high, half)
+
+
+def stamped_run(chapter) -> dict:
+    """The GPU stamp's facts for planning: ``seconds`` (the GPU lane's run time), ``gpu``,
+    ``gpus`` and ``date``; ``ValueError`` where the chapter has no stamped run time."""
+    metadata = notebook(chapter).get("metadata", {})
+    record = metadata.get("fp8lab") or {}
+    if not isinstance(record.get("lane_seconds"), (int, float)):
+        raise ValueError(
+            f"chapter={chapter_key(chapter)!r}: its notebook has no stamped run time "
+            "(metadata fp8lab.lane_seconds); run the GPU lane on it"
+        )
+    return {
+        "seconds": float(record["lane_seconds"]),
+        "gpu": str(record.get("gpu_name", "unknown GPU")),
+        "gpus": int(record.get("gpu_count") or 1),
+        "date": str(record.get("date", "")),
+    }
+
+
+def title(chapter) -> str:
+    """The chapter's title (its first ``#`` heading, without a leading number)."""
+    for cell in notebook(chapter)["cells"]:
+        for line in _source(cell).splitlines():
+            if cell["cell_type"] == "markdown" and line.startswith("# "):
+                return re.sub(r"^\d\d\s*·\s*", "", line[2:].strip())
+    return chapter_path(chapter).stem
+
+
+def sections(chapter) -> list[str]:
+    """The chapter's ``##`` headings in order, Takeaways and Exercises left out."""
+    found = []
+    for cell in notebook(chapter)["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        for line in _source(cell).splitlines():
+            heading = line[3:].strip() if line.startswith("## ") else ""
+            if heading and heading not in ("Takeaways", "Exercises"):
+                found.append(heading)
+    return found
+
+
+def _exercise_markdown(chapter) -> str:
+    """The markdown from ``## Exercises`` to the next ``#``/``##`` heading (code cells skipped)."""
+    parts, inside = [], False
+    for cell in notebook(chapter)["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        text = _source(cell)
+        if not inside and "## Exercises" in text:
+            inside, text = True, text.split("## Exercises", 1)[1]
+        elif inside and re.search(r"^##? ", text, re.MULTILINE):
+            parts.append(re.split(r"^##? ", text, flags=re.MULTILINE)[0])
+            break
+        if inside:
+            parts.append(text)
+    return "\n".join(parts)
+
+
+def exercises(chapter) -> list[Exercise]:
+    """The chapter's own exercises: each numbered question with its dropdown answer."""
+    key = chapter_key(chapter)
+    pattern = re.compile(
+        r"^(\d+)\.\s+(.*?)\n:::\{admonition\} Answer\n:class: dropdown\n(.*?)\n:::",
+        re.MULTILINE | re.DOTALL,
+    )
+    found = []
+    for match in pattern.finditer(_exercise_markdown(key)):
+        question = " ".join(line.strip() for line in match.group(2).strip().splitlines())
+        found.append(Exercise(f"{key}.{match.group(1)}", question, match.group(3).strip()))
+    return found
+
+
+def glue_names(markdown: str) -> list[str]:
+    """The glue names a piece of MyST markdown refers to, in order."""
+    if not isinstance(markdown, str):
+        raise TypeError(f"markdown={checks.show(markdown)}: must be a string")
+    return _GLUE_ROLE.findall(markdown)
+
+
+def resolve(markdown: str, chapter, used_by: str = "") -> str:
+    """``markdown`` with each ``{glue:text}`name``` replaced by the chapter's committed value."""
+    names = glue_names(markdown)
+    values = {name: glued_text(chapter, name, used_by) for name in names}
+    return _GLUE_ROLE.sub(lambda m: values[m.group(1)], markdown)

@@ -1,0 +1,214 @@
+"""The generated workshop pages: agendas, exercises, the room split and the set-up time.
+
+:func:`render` returns each generated file's path (relative to the book's root) and text, built
+from the committed notebooks (stamps and glued values), :mod:`fp8lab.datasheet` and the set-up
+timing file; ``python -m tools.workshop_pages write`` writes them, and a test fails when the
+committed pages differ from what :func:`render` gives now.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fp8lab import checks, datasheet
+from fp8lab.workshop import answers, outputs, plan
+
+SETUP_TIMING = outputs.ROOT / "tests" / "gpu_results" / "setup_timing.json"
+ROOM_GPUS = ("H100 SXM", "H200", "L40S", "RTX 4090")
+_HEADER = "<!-- Generated from the committed notebooks by `python -m tools.workshop_pages write`;"
+_HEADER += " edit fp8lab/workshop/, not this file. -->\n\n"
+
+
+def _link(key: str) -> str:
+    return f"{{doc}}`chapter {key} <../notebooks/{outputs.chapter_path(key).stem}>`"
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _table(header, rows) -> list[str]:
+    return [_row(header), _row(["---"] * len(header)), *(_row(r) for r in rows), ""]
+
+
+def _agenda_rows(name: str) -> list[list[str]]:
+    rows = []
+    for slot in plan.agenda(name):
+        block = slot.block
+        day = f"day {slot.day}, " if len(plan.AGENDAS[name][1]) > 1 else ""
+        when = f"{day}{slot.start}–{slot.end}"
+        if block.chapter is None:
+            rows.append([when, block.activity, block.minutes, "", "", "", ""])
+            continue
+        need = plan.need(block.chapter)
+        title = outputs.title(block.chapter).split(":")[0].replace("`", "")
+        key = block.chapter
+        rows.append([when, f"{{ref}}`{key} · {title} <workshop-block-{key}>`",
+                     block.minutes, f"{need.run} ({need.seconds:.0f} s)", need.reading,
+                     need.exercises, block.minutes - need.total])  # fmt: skip
+    return rows
+
+
+def _expected(key: str) -> list[str]:
+    rows = []
+    for label, name, spread in plan.CHAPTERS[key].expected:
+        used_by = f"the chapter {key} block"
+        value = outputs.glued_text(key, name, used_by)
+        spread_text = outputs.glued_text(key, spread, used_by) if spread else "—"
+        rows.append([label, value, spread_text, f"`{name}`"])
+    return _table(["Expected", "Book's value", "Spread", "Glue"], rows)
+
+
+def _block(key: str) -> list[str]:
+    chapter, need = plan.CHAPTERS[key], plan.need(key)
+    gpus = f" on {need.gpus} GPUs" if need.gpus > 1 else ""
+    lines = [f"(workshop-block-{key})=", f"### Chapter {key}: {outputs.title(key)}", ""]
+    lines += [
+        f"- **Run** {_link(key)} top to bottom (Run All): {need.seconds:.0f} s stamped on "
+        f"{need.gpu}{gpus}. Its sections: " + "; ".join(outputs.sections(key)) + ".",
+        f"- **Predict first:** {chapter.predict}.",
+        f"- **Discuss:** {chapter.discuss}",
+        f"- **Exercises:** {{ref}}`{key}.1 onwards <workshop-exercises-{key}>`.",
+        f"- **No GPU:** {plan.CPU_FALLBACK} {chapter.no_gpu}".rstrip(),
+        "",
+    ]
+    return lines + _expected(key)
+
+
+def agendas_page() -> str:
+    """The four agendas, then each chapter block's plan and expected numbers."""
+    lines = [_HEADER + "# Agendas", ""]
+    lines += [
+        "Each chapter block's time is the chapter's run on the `full` preset, as its GPU stamp "
+        "records it (rounded up to whole minutes), plus reading and exercise time; the slack "
+        "column is what is left of the block for discussion. A test fails when a re-stamped "
+        "chapter no longer fits its block.",
+        "",
+    ]
+    header = ["Time", "Block", "Min", "Run", "Read", "Exercises", "Slack"]
+    for name, (title, _) in plan.AGENDAS.items():
+        lines += [f"## {title} ({plan.agenda_minutes(name)} min)", ""]
+        lines += _table(header, _agenda_rows(name))
+    lines += ["## The chapter blocks", ""]
+    for key in plan.CHAPTERS:
+        lines += _block(key)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _grader_note(key: str) -> str:
+    if key not in answers.NUMERIC:
+        return ""
+    expected, low, high, basis = answers.interval(key)
+    unit = answers.NUMERIC[key].unit
+    return (
+        f"\n\n*Graded:* `fp8lab.workshop.check(\"{key}\", answer)` accepts "
+        f"{low:.4g}–{high:.4g} {unit} (book: {expected:.4g}; {basis})."
+    )
+
+
+def exercises_page() -> str:
+    """Every chapter's exercises with hidden answers, the book's numbers filled in."""
+    lines = [_HEADER + "# Exercises and answers", ""]
+    lines += [
+        "Each chapter's own exercises, with the prediction exercises of the agendas. Numbers in "
+        "the answers are the committed outputs of the chapters' last GPU run; a numeric answer "
+        "can be checked with `fp8lab.workshop.check`, which accepts the book's value within its "
+        "measured spread (or a declared tolerance, with its reason).",
+        "",
+    ]
+    for key in plan.CHAPTERS:
+        lines += [f"(workshop-exercises-{key})=", f"## Chapter {key}: {outputs.title(key)}", ""]
+        for exercise in answers.exercises(key):
+            where = f"exercise {exercise.key}"
+            question = outputs.resolve(exercise.question, key, where)
+            answer = outputs.resolve(exercise.answer, key, where) + _grader_note(exercise.key)
+            lines += [f"**{exercise.key}** {question}", "", ":::{admonition} Answer",
+                      ":class: dropdown", answer, ":::", ""]  # fmt: skip
+        lines += [f"Back to {_link(key)}.", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _room_rows() -> list[list[str]]:
+    base = datasheet.gpu_spec(ROOM_GPUS[0])
+    rows = []
+    for name in ROOM_GPUS:
+        gpu = datasheet.gpu_spec(name)
+        ridge = gpu.ridge_point("fp8") / base.ridge_point("fp8")
+        change = f"FP8 ridge {ridge:.2f}x, memory {gpu.memory_gb / base.memory_gb:.2f}x"
+        rows.append([name, gpu.architecture, f"{gpu.memory_gb:g}", f"{gpu.bandwidth_gbs:,.0f}",
+                     f"{gpu.bf16_tflops:,.0f}", f"{gpu.fp8_tflops:,.0f}",
+                     f"{gpu.ridge_point('bf16'):.0f}", f"{gpu.ridge_point('fp8'):.0f}",
+                     "—" if name == base.name else change])  # fmt: skip
+    return rows
+
+
+def _room_sentences() -> list[str]:
+    specs = [datasheet.gpu_spec(name) for name in ROOM_GPUS]
+    high = max(specs, key=lambda g: g.ridge_point("fp8"))
+    low = min(specs, key=lambda g: g.ridge_point("fp8"))
+    small = [g.name for g in specs if g.memory_gb < specs[0].memory_gb]
+    return [
+        f"The FP8 ridge point (peak rate over bandwidth) runs from {low.ridge_point('fp8'):.0f} "
+        f"FLOP/byte on the {low.name} to {high.ridge_point('fp8'):.0f} on the {high.name}: a "
+        "GEMM that is compute-bound on one kind can be memory-bound on another, so FP8's gain on "
+        "small and skinny products ({doc}`chapter 00 <../notebooks/00_your_gpu>`, "
+        "{doc}`chapter 04 <../notebooks/04_performance_math>`) differs by kind. "
+        f"The {' and '.join(small)} hold less memory than the {specs[0].name}: the sizes at "
+        "which {doc}`chapter 05 <../notebooks/05_attention_backends>` and {doc}`chapter 07 "
+        "<../notebooks/07_memory>` run out of memory come sooner than on the book's pages.",
+        "",
+    ]
+
+
+def rooms_page() -> str:
+    """How the GPU kinds of a mixed room differ, from the datasheet."""
+    lines = [_HEADER + "# Splitting a room across GPU kinds", ""]
+    lines += ["Dense datasheet peaks of the kinds a room is likely to mix, from "
+              "`fp8lab.datasheet` (its sources are NVIDIA's datasheets and whitepapers); the "
+              "ridge points are in FLOP per byte.", ""]  # fmt: skip
+    header = ["GPU", "Arch.", "GB", "GB/s", "BF16 TFLOP/s", "FP8 TFLOP/s", "Ridge BF16",
+              "Ridge FP8", f"Against the {ROOM_GPUS[0]}"]  # fmt: skip
+    lines += _table(header, _room_rows())
+    lines += _room_sentences()
+    lines += [ROOM_ADVICE]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+ROOM_ADVICE = """\
+- **Group by kind**, one kind per table, so every group compares its own BF16 with its own
+  FP8; pool the groups' ratios at the end, and discuss why they differ.
+- **Predict from this table** before chapter 00: each group's ridge points and peak ratio.
+- **Chapter 08 needs two GPUs of one box**; give those boxes to pairs.
+- A GPU below compute capability 8.9 (A100 and older) has no FP8: its participants run the CPU
+  lane and read the book's figures, or join a group with an FP8 GPU.
+"""
+
+
+def setup_timing_fragment(path: Path = SETUP_TIMING) -> str:
+    """The measured set-up time (a committed result file), or "not yet measured"."""
+    if isinstance(path, bool) or not isinstance(path, (str, Path)):
+        raise TypeError(f"path={checks.show(path)}: must be a file path")
+    path = Path(path)
+    if not path.is_file():
+        return _HEADER + "**Measured set-up time:** not yet measured.\n"
+    record = json.loads(path.read_text())
+    try:
+        seconds, what = float(record["seconds"]), str(record["what"])
+        where, date = str(record["gpu"]), str(record["date"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"path={str(path)!r}: not a set-up timing record ({error})") from None
+    return (
+        _HEADER + f"**Measured set-up time:** {seconds / 60:.1f} min ({seconds:.0f} s) for "
+        f"{what}, on a bare {where} machine, {date}.\n"
+    )
+
+
+def render() -> dict[str, str]:
+    """Each generated page's path (relative to the book's root) and its text."""
+    return {
+        "workshop/agendas.md": agendas_page(),
+        "workshop/exercises.md": exercises_page(),
+        "workshop/rooms.md": rooms_page(),
+        "workshop/_setup_timing.md": setup_timing_fragment(),
+    }
