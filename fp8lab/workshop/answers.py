@@ -146,10 +146,12 @@ def interval(exercise: str) -> tuple[float, float, float, str]:
             relative = (spread.value + spread.half_unit) / 100
             low, high = low - abs(value.value) * relative, high + abs(value.value) * relative
         else:
-            low, high = min(low, spread.low - spread.half_unit), max(high, spread.high + spread.half_unit)
+            low = min(low, spread.low - spread.half_unit)
+            high = max(high, spread.high + spread.half_unit)
         basis += f", measured spread {spread.text!r} (glue {rule.spread!r})"
     elif rule.tolerance:
-        low, high = low - abs(value.value) * rule.tolerance, high + abs(value.value) * rule.tolerance
+        margin = abs(value.value) * rule.tolerance
+        low, high = low - margin, high + margin
         basis += f", ±{rule.tolerance:.0%}: {rule.reason}"
     else:
         basis += f", {rule.reason}"

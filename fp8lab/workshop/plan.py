@@ -72,7 +72,9 @@ CHAPTERS: dict[str, Chapter] = {
                  ("fastest FP8 form", "best_name", None),
                  ("its speed-up over eager BF16", "best_x_eager", "best_range_eager"),
                  ("GEMM-only speed-up", "gemm_speedup", None),
-                 ("hidden sizes where FP8 loses", "fp8_loses_at", None))),
+                 ("hidden sizes where FP8 loses", "fp8_loses_at", None)),
+                "On a CPU, FP8 attention, CUDA graphs and `torch.compile` are skipped, each "
+                "with a label."),
         Chapter("04", 12, 10,
                 "the layer's MFU in BF16 and in FP8",
                 "Which peak is the honest denominator of an FP8 run's MFU?",
@@ -87,20 +89,24 @@ CHAPTERS: dict[str, Chapter] = {
                 (("fastest backend", "top_backend", None),
                  ("its rate (TFLOP/s)", "top_tflops", None),
                  ("math path over TE at S = 4096", "math_vs_te_4k", None),
-                 ("FP8 attention pays from", "fp8_pays_from", None))),
+                 ("FP8 attention pays from", "fp8_pays_from", None)),
+                "On a CPU the FP8 attention rows stay empty."),
         Chapter("06", 15, 12,
                 "the bytes per parameter of an FP8 weight at rest and during training",
                 "When do FP8 weights save memory, and when do they save only time?",
                 (("FP8 weights over BF16 (step time)", "fp8w_vs_bf16", None),
                  ("peak memory change", "peak_change", None),
-                 ("fastest setting", "fastest", None))),
+                 ("fastest setting", "fastest", None)),
+                "On a CPU the device-memory rows stay empty."),
         Chapter("07", 12, 12,
                 "a training step's peak memory, and the event where it happens",
                 "Which lever lowers the peak most for the least time?",
                 (("bytes per parameter, mixed-precision Adam", "classic", None),
                  ("estimate vs measurement, median error", "heldout_median", None),
                  ("full recompute: memory saved", "full_saved", None),
-                 ("full recompute: slower by", "full_slower", None))),
+                 ("full recompute: slower by", "full_slower", None)),
+                "Its measured memory comes from committed GPU results, shown beside the "
+                "estimate."),
         Chapter("08", 15, 15,
                 "DDP's scaling efficiency over two GPUs, in BF16 and in FP8",
                 "Why does FP8 lower the scaling efficiency at the same batch?",
@@ -108,16 +114,17 @@ CHAPTERS: dict[str, Chapter] = {
                  ("DDP efficiency, FP8", "eff_default_fp8", None),
                  ("all-reduce bus bandwidth β (GB/s)", "ar_beta", None),
                  ("best layout", "best_layout", None)),
-                "It needs two GPUs: pair participants on one two-GPU box, or read the page; "
-                "on one GPU the chapter says so and stops."),
+                "It needs two GPUs of one box: give those boxes to pairs. Without them it runs "
+                "on two CPU processes; the context-parallel and Userbuffers rows need GPUs and "
+                "come from the page."),
         Chapter("09", 15, 15,
                 "whether FP8 pays on the small model and on the large one",
                 "What would make FP8 pay on the small model, and at what cost?",
                 (("small model: best FP8 over BF16", "small_best_x", "small_best_rounds"),
                  ("large model: best FP8 over BF16", "large_best_x", "large_best_rounds"),
                  ("large model: BF16 seed band", "large_band", None)),
-                "The long runs come from a stored result file; the chapter reads it on any "
-                "machine."),
+                "Its long training runs and speed rounds are committed results, shown beside "
+                "the CPU lane's own."),
     )
 }  # fmt: skip
 
