@@ -185,13 +185,28 @@ ROOM_ADVICE = """\
 """
 
 
+def _stacks() -> str:
+    """The software stacks the chapters' stamps record, with the chapters of each."""
+    stacks: dict[str, list[str]] = {}
+    for key in plan.CHAPTERS:
+        record = outputs.notebook(key).get("metadata", {}).get("fp8lab") or {}
+        stack = (
+            f"{record.get('gpu_name', 'an unknown GPU')}, torch {record.get('torch', '?')}, "
+            f"Transformer Engine {record.get('transformer_engine', '?')}, "
+            f"cuDNN {record.get('cudnn', 'not recorded')}"
+        )
+        stacks.setdefault(stack, []).append(key)
+    return "; ".join(f"{stack} (chapters {', '.join(keys)})" for stack, keys in stacks.items())
+
+
 def setup_timing_fragment(path: Path = SETUP_TIMING) -> str:
     """The measured set-up time (a committed result file), or "not yet measured"."""
     if isinstance(path, bool) or not isinstance(path, (str, Path)):
         raise TypeError(f"path={checks.show(path)}: must be a file path")
     path = Path(path)
+    stacks = f"\n\n**The stacks the book's outputs were measured on:** {_stacks()}.\n"
     if not path.is_file():
-        return _HEADER + "**Measured set-up time:** not yet measured.\n"
+        return _HEADER + "**Measured set-up time:** not yet measured." + stacks
     record = json.loads(path.read_text())
     try:
         seconds, what = float(record["seconds"]), str(record["what"])
@@ -200,7 +215,7 @@ def setup_timing_fragment(path: Path = SETUP_TIMING) -> str:
         raise ValueError(f"path={str(path)!r}: not a set-up timing record ({error})") from None
     return (
         _HEADER + f"**Measured set-up time:** {seconds / 60:.1f} min ({seconds:.0f} s) for "
-        f"{what}, on a bare {where} machine, {date}.\n"
+        f"`{what}`, on a bare {where} machine, {date}." + stacks
     )
 
 

@@ -1,0 +1,54 @@
+"""Property-test entries for fp8lab.workshop (read by tests/test_inputs.py)."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+
+from fp8lab import workshop
+from fp8lab.workshop import answers, plan
+from tests.property_support import Entry, maybe, reals
+
+CHAPTERS = st.sampled_from(sorted(plan.CHAPTERS))
+GRADED = st.sampled_from(sorted(answers.NUMERIC))
+TEXTS = st.sampled_from(["1,468", "81%", "1.45–1.48", "2.8e-03", "S = 16384", "0.5%"])
+
+ENTRIES = {
+    "workshop.check": Entry(
+        lambda exercise, answer: workshop.check(exercise, answer).accepted,
+        {"exercise": maybe(GRADED), "answer": maybe(reals(1e-3, 1e5))},
+        signed=True,
+        examples=30,
+    ),
+    "workshop.Grade": Entry(
+        lambda exercise: workshop.check(exercise, workshop.interval(exercise)[0]),
+        {"exercise": maybe(GRADED)},
+        examples=10,
+    ),
+    "workshop.interval": Entry(
+        lambda exercise: workshop.interval(exercise)[:3], {"exercise": maybe(GRADED)}
+    ),
+    "workshop.exercises": Entry(
+        lambda chapter: len(workshop.exercises(chapter)), {"chapter": maybe(CHAPTERS)}
+    ),
+    "workshop.glued": Entry(
+        lambda chapter: len(workshop.glued(chapter)), {"chapter": maybe(CHAPTERS)}
+    ),
+    "workshop.stamped_run": Entry(
+        lambda chapter: workshop.stamped_run(chapter)["seconds"], {"chapter": maybe(CHAPTERS)}
+    ),
+    "workshop.need": Entry(lambda chapter: workshop.need(chapter), {"chapter": maybe(CHAPTERS)}),
+    "workshop.agenda": Entry(
+        lambda name: len(workshop.agenda(name)),
+        {"name": maybe(st.sampled_from(list(plan.AGENDAS)))},
+    ),
+    "workshop.over_budget": Entry(lambda: len(workshop.over_budget()), {}, examples=2),
+    "workshop.reading": Entry(
+        lambda text: workshop.reading(text).value, {"text": maybe(TEXTS)}, signed=True
+    ),
+    "workshop.render": Entry(lambda: len(workshop.render()), {}, examples=2),
+    "workshop.setup_timing_fragment": Entry(
+        lambda path: len(workshop.setup_timing_fragment(path)),
+        {"path": maybe(st.just("tests/gpu_results/no_such_setup_timing.json"))},
+        examples=10,
+    ),
+}
