@@ -45,7 +45,7 @@ def _agenda_rows(name: str) -> list[list[str]]:
         title = outputs.title(block.chapter).split(":")[0].replace("`", "")
         key = block.chapter
         rows.append([when, f"{{ref}}`{key} · {title} <workshop-block-{key}>`",
-                     block.minutes, f"{need.run} ({need.seconds:.0f} s)", need.reading,
+                     block.minutes, f"{need.seconds:.0f} s", need.reading,
                      need.exercises, block.minutes - need.total])  # fmt: skip
     return rows
 
@@ -80,13 +80,15 @@ def agendas_page() -> str:
     """The four agendas, then each chapter block's plan and expected numbers."""
     lines = [_HEADER + "# Agendas", ""]
     lines += [
-        "Each chapter block's time is the chapter's run on the `full` preset, as its GPU stamp "
-        "records it (rounded up to whole minutes), plus reading and exercise time; the slack "
-        "column is what is left of the block for discussion. A test fails when a re-stamped "
-        "chapter no longer fits its block.",
+        "Each chapter block needs the chapter's run on the `full` preset, in the seconds its "
+        "GPU stamp records (counted as whole minutes, rounded up), plus the reading and "
+        "exercise minutes; *Slack* is what is left of the block for discussion. A test fails "
+        "when a re-stamped chapter no longer fits its block. Every block starts with "
+        "`python -m fp8lab.doctor` already run ({doc}`setup`); the welcome block is where "
+        "the last `FAIL`s get fixed ({doc}`instructor`).",
         "",
     ]
-    header = ["Time", "Block", "Min", "Run", "Read", "Exercises", "Slack"]
+    header = ["Time", "Block", "Min", "Run", "Read", "Exercise", "Slack"]
     for name, (title, _) in plan.AGENDAS.items():
         lines += [f"## {title} ({plan.agenda_minutes(name)} min)", ""]
         lines += _table(header, _agenda_rows(name))
@@ -135,11 +137,10 @@ def _room_rows() -> list[list[str]]:
     for name in ROOM_GPUS:
         gpu = datasheet.gpu_spec(name)
         ridge = gpu.ridge_point("fp8") / base.ridge_point("fp8")
-        change = f"FP8 ridge {ridge:.2f}x, memory {gpu.memory_gb / base.memory_gb:.2f}x"
         rows.append([name, gpu.architecture, f"{gpu.memory_gb:g}", f"{gpu.bandwidth_gbs:,.0f}",
                      f"{gpu.bf16_tflops:,.0f}", f"{gpu.fp8_tflops:,.0f}",
                      f"{gpu.ridge_point('bf16'):.0f}", f"{gpu.ridge_point('fp8'):.0f}",
-                     "—" if name == base.name else change])  # fmt: skip
+                     f"{ridge:.2f}x", f"{gpu.memory_gb / base.memory_gb:.2f}x"])  # fmt: skip
     return rows
 
 
@@ -166,9 +167,10 @@ def rooms_page() -> str:
     lines = [_HEADER + "# Splitting a room across GPU kinds", ""]
     lines += ["Dense datasheet peaks of the kinds a room is likely to mix, from "
               "`fp8lab.datasheet` (its sources are NVIDIA's datasheets and whitepapers); the "
-              "ridge points are in FLOP per byte.", ""]  # fmt: skip
+              f"ridge points are in FLOP per byte, and the last two columns compare each kind "
+              f"with the {ROOM_GPUS[0]}.", ""]  # fmt: skip
     header = ["GPU", "Arch.", "GB", "GB/s", "BF16 TFLOP/s", "FP8 TFLOP/s", "Ridge BF16",
-              "Ridge FP8", f"Against the {ROOM_GPUS[0]}"]  # fmt: skip
+              "Ridge FP8", "FP8 ridge vs H100", "Memory vs H100"]  # fmt: skip
     lines += _table(header, _room_rows())
     lines += _room_sentences()
     lines += [ROOM_ADVICE]

@@ -146,7 +146,7 @@ def _a(minutes: int, activity: str) -> Block:
     return Block(minutes, None, activity)
 
 
-_WELCOME = "Welcome; everyone runs `python -m fp8lab.doctor`"
+_WELCOME = "Welcome; everyone runs the doctor"
 _CARD = "The decision card; questions"
 AGENDAS: dict[str, tuple[str, tuple[tuple[Block, ...], ...]]] = {
     "taster": ("Taster", (
