@@ -31,6 +31,8 @@ Chapter kits (a subpackage named for the chapter it serves):
   launching torchrun, what communication costs, and the worker processes (each layout's TE code
   in :mod:`fp8lab.parallel.layouts`)
 * :mod:`fp8lab.e2e` -- chapter 09's long runs and alternated speed rounds
+* :mod:`fp8lab.workshop` -- the workshop kit: agendas timed from the chapters' stamps, the
+  exercises and the grader of numeric answers (``workshop.check``), the generated pages
 
 CPU reference:
 
