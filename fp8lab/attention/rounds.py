@@ -144,9 +144,11 @@ def faster(summary: pd.DataFrame, first: str, second: str) -> str:
     the two."""
     if not isinstance(summary, pd.DataFrame) or "kernel ms" not in summary:
         raise TypeError("summary must be the table round_summary returned")
-    for name in (first, second):
-        if name not in summary.index:
-            raise ValueError(f"{name!r}: not a backend of this summary ({list(summary.index)})")
+    for argument, name in (("first", first), ("second", second)):
+        if not isinstance(name, str) or name not in summary.index:
+            raise ValueError(
+                f"{argument}={name!r}: not a backend of this summary ({list(summary.index)})"
+            )
     a, b = summary.loc[first], summary.loc[second]
     gap = abs(a["kernel ms"] / b["kernel ms"] - 1)
     if not gap > max(a["spread"], b["spread"]):
