@@ -27,29 +27,34 @@ from fp8lab.devices import resolve_device
 __all__ = ["backend_step", "faster", "interleaved_rounds", "round_summary"]
 
 
-def backend_step(backend: str, shape: AttentionShape, te=None, *, device=None):
+def backend_step(
+    backend: str, shape: AttentionShape, te=None, *, device=None, context=None, env=None
+):
     """One forward + backward of ``backend`` on fresh ``shape`` inputs, as a zero-argument
     callable for :func:`interleaved_rounds`. SDPA backends run every call under their
     ``sdpa_kernel`` pin; a TE backend selects once, inside its switches, and later calls reuse
     TE's cached selection (the switches are not re-read per call, so no reselection cost is
-    timed)."""
+    timed). ``context`` wraps each forward (``lambda: te.autocast(recipe=...)``); ``env``
+    (``{"NVTE_FP8_DPA_BWD": "0"}``, say) is set around every call, which makes TE select again
+    each call: use it for kernel times, not for host times."""
     checks.choice("backend", backend, backends.BACKENDS)
     if not isinstance(shape, AttentionShape):
         raise TypeError(f"shape must be an AttentionShape, not {type(shape).__name__}")
     if backend.startswith("te_"):
         backends._check_te(te)
     device = resolve_device(device, default=True)
-    options = _Options("forward_backward", None, 0, 2, False)
-    with backends.backend_context(backend):
+    env = backends._check_env(env)
+    options = _Options("forward_backward", context, 0, 2, False)
+    with backends.backend_context(backend, env):
         workload = _Workload(
             _builder(backend, shape, te), lambda: shape.make_inputs(device=device), options
         )
         workload()
-    if backend.startswith("te_"):
+    if backend.startswith("te_") and not env:
         return workload
 
     def step() -> None:
-        with backends.backend_context(backend):
+        with backends.backend_context(backend, env):
             workload()
 
     return step
