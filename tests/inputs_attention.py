@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import hypothesis.strategies as st
+import pandas as pd
 import torch
 
 from fp8lab import attention, flops, reference
@@ -17,6 +18,27 @@ SHAPE = attention.AttentionShape(1, 16, 2, 8, groups=1)
 FAST = {"warmup": 0, "iters": 2, "profile": False}
 DEVICES = st.sampled_from([None, "cpu", torch.device("cpu")])
 TE = reference  # what fp8lab.import_te() returns first without a GPU: a module with TE's names
+
+
+_ROUNDS = pd.DataFrame(
+    {
+        "backend": ["a", "b", "b", "a"],
+        "round": [0, 0, 1, 1],
+        "kernel ms": [1.0, 2.0, 2.1, 1.1],
+        "wall ms": [1.5, 2.5, 2.6, 1.6],
+    }
+)
+
+
+def _probe(te, shape):
+    """The arguments are checked first; then, without a GPU, fp8_dpa is refused."""
+    try:
+        return attention.probe_softmax_scale(
+            te, lambda: TE.DelayedScaling(fp8_dpa=True), shape, device="cpu"
+        )
+    except NotImplementedError as error:
+        assert "GPU" in str(error)
+        return "refused on a CPU"
 
 
 def _qkv(groups, kv_dtype):
@@ -200,5 +222,82 @@ ENTRIES = {
         },
         aliases={"shape": ["cases"]},
         examples=8,
+    ),
+    "attention.copy_batches": Entry(
+        lambda vocab_size, batch, half, steps, seed: len(
+            attention.copy_batches(vocab_size, batch, half, steps, seed=seed, device="cpu")
+        ),
+        {
+            "vocab_size": maybe(ints(2, 64)),
+            "batch": maybe(ints(1, 3)),
+            "half": maybe(ints(2, 8)),
+            "steps": maybe(ints(1, 3)),
+            "seed": maybe(ints(0, 5)),
+        },
+        examples=12,
+    ),
+    "attention.paired_interval": Entry(
+        lambda first, second, margin, confidence: attention.paired_interval(
+            first, second, margin=margin, confidence=confidence
+        )["verdict"],
+        {
+            "first": maybe(st.just({0: 1.0, 1: 1.2, 2: 0.9})),
+            "second": maybe(st.just({0: 1.1, 1: 1.1, 2: 1.0})),
+            "margin": maybe(st.sampled_from([0.01, 0.5])),
+            "confidence": maybe(st.sampled_from([0.9, 0.95])),
+        },
+        aliases={"first": ["seeds"], "second": ["seeds"]},
+        examples=12,
+    ),
+    "attention.flex_step": Entry(
+        lambda shape, compile: attention.flex_step(shape, device="cpu", compile=compile)(),
+        {"shape": maybe(st.just(SHAPE)), "compile": maybe(st.sampled_from([None, False]))},
+        examples=6,
+    ),
+    "attention.probe_softmax_scale": Entry(
+        _probe, {"te": maybe(st.just(TE)), "shape": maybe(st.just(SHAPE))}, examples=6
+    ),
+    "attention.row_errors": Entry(
+        lambda actual, expected: float(attention.row_errors(actual, expected).sum()),
+        {
+            "actual": maybe(st.sampled_from([torch.ones(1, 3, 4), torch.zeros(1, 3, 4)])),
+            "expected": maybe(st.just(torch.ones(1, 3, 4))),
+        },
+        examples=8,
+    ),
+    "attention.backend_step": Entry(
+        lambda backend, shape: attention.backend_step(backend, shape, device="cpu")(),
+        {
+            "backend": maybe(st.sampled_from(["explicit", "sdpa_math", "sdpa_flash"])),
+            "shape": maybe(st.just(SHAPE)),
+        },
+        examples=8,
+    ),
+    "attention.interleaved_rounds": Entry(
+        lambda rounds, iters, warmup_s: len(
+            attention.interleaved_rounds(
+                {"a": lambda: None, "b": lambda: None},
+                rounds=rounds,
+                iters=iters,
+                warmup_s=warmup_s,
+                device="cpu",
+            )
+        ),
+        {
+            "rounds": maybe(ints(2, 3)),
+            "iters": maybe(ints(1, 2)),
+            "warmup_s": maybe(st.sampled_from([0.0, 0.01])),
+        },
+        examples=6,
+    ),
+    "attention.round_summary": Entry(
+        lambda frame: len(attention.round_summary(frame)),
+        {"frame": maybe(st.just(_ROUNDS))},
+        examples=4,
+    ),
+    "attention.faster": Entry(
+        lambda first, second: attention.faster(attention.round_summary(_ROUNDS), first, second),
+        {"first": maybe(st.sampled_from(["a", "b"])), "second": maybe(st.sampled_from(["a"]))},
+        examples=6,
     ),
 }

@@ -36,11 +36,17 @@ line, and returns what TE printed.
 
 The modules: :mod:`~fp8lab.attention.functional` (the shape of a problem, its mask, explicit and
 SDPA attention), :mod:`~fp8lab.attention.backends` (the backend names and their context),
-:mod:`~fp8lab.attention.logs` (TE's selection log) and :mod:`~fp8lab.attention.run` (a row:
-:func:`run_attention`, :func:`measure`).
+:mod:`~fp8lab.attention.logs` (TE's selection log), :mod:`~fp8lab.attention.run` (a row:
+:func:`run_attention`, :func:`measure`), :mod:`~fp8lab.attention.rounds` (backends in
+alternated rounds, by kernel time), :mod:`~fp8lab.attention.flex` (FlexAttention for a
+window), :mod:`~fp8lab.attention.fp8_scale` (FP8 attention's softmax scale, probed) and
+:mod:`~fp8lab.attention.copy_task` (a task that needs attention; paired seed differences).
 """
 
 from fp8lab.attention.backends import BACKENDS, EXPECTED_FAMILY, backend_context
+from fp8lab.attention.copy_task import copy_batches, paired_interval
+from fp8lab.attention.flex import flex_step
+from fp8lab.attention.fp8_scale import probe_softmax_scale, row_errors
 from fp8lab.attention.functional import (
     AttentionShape,
     explicit_attention,
@@ -48,6 +54,7 @@ from fp8lab.attention.functional import (
     window_mask,
 )
 from fp8lab.attention.logs import SelectionLog, capture_te_log, te_selection_logs
+from fp8lab.attention.rounds import backend_step, faster, interleaved_rounds, round_summary
 from fp8lab.attention.run import AttentionResult, measure, run_attention
 
 __all__ = [
@@ -57,9 +64,18 @@ __all__ = [
     "AttentionShape",
     "SelectionLog",
     "backend_context",
+    "backend_step",
     "capture_te_log",
+    "copy_batches",
     "explicit_attention",
+    "faster",
+    "flex_step",
+    "interleaved_rounds",
     "measure",
+    "paired_interval",
+    "probe_softmax_scale",
+    "round_summary",
+    "row_errors",
     "run_attention",
     "sdpa_attention",
     "te_selection_logs",

@@ -135,6 +135,13 @@ class SelectionLog:
     def selected(self) -> str | None:
         return _selected(self.lines)
 
+    def first_reason(self, about: str = "") -> str:
+        """TE's first line that says why something was switched off or refused (the first that
+        mentions ``about``, a backend name, if given), without TE's prefix; "" if none."""
+        if not isinstance(about, str):
+            raise TypeError(f"about={about!r}: must be a string (a backend name)")
+        return next((line for line in _reasons(self.lines) if about in line), "")
+
     def summary(self, config: bool = False) -> list[str]:
         """The lines that decide the selection (the long ``Running with config`` line only
         with ``config=True``), then the error if the call failed."""
