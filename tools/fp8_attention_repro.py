@@ -78,6 +78,7 @@ def reproduce(te, recipes, torch, mask: str, args) -> None:
 def main(argv=None) -> int:
     args = parse(argv)
     try:  # TE first: it loads its cuDNN before torch does
+        import transformer_engine
         import transformer_engine.pytorch as te
         from transformer_engine.common import recipe as recipes
     except (ImportError, OSError, RuntimeError) as error:
@@ -89,8 +90,9 @@ def main(argv=None) -> int:
         print("needs a CUDA GPU (Hopper: sm90)", file=sys.stderr)
         return 1
     print(
-        f"{torch.cuda.get_device_name()} torch {torch.__version__} TE {te.__version__} "
-        f"cuDNN {torch.backends.cudnn.version()} recipe {args.recipe}"
+        f"{torch.cuda.get_device_name()} torch {torch.__version__} "
+        f"TE {transformer_engine.__version__} cuDNN {torch.backends.cudnn.version()} "
+        f"recipe {args.recipe}"
     )
     for mask in args.mask:
         try:

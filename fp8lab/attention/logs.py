@@ -105,6 +105,9 @@ def _reasons(lines: Sequence[str]) -> list[str]:
     found = []
     for line in lines:
         text = re.sub(r"^\[\w+\s*\|\s*[\w.]+\s*\]:\s*", "", line).strip()
+        text = re.sub(r"\s*\(Triggered internally at [^)]*\)\.?", "", text).strip()
+        if text.endswith("because:"):  # PyTorch's header line; its reason comes separately
+            continue
         if _WHY.search(text) and text not in found:
             found.append(text.splitlines()[0])
     return found
