@@ -80,6 +80,7 @@ from fp8lab.memory.layouts import (
     resolve_precision,
     zero_training_state,
 )
+from fp8lab.memory.phases import MEASURED_PHASES, measured_phase, phase_peaks
 from fp8lab.memory.tree import MemoryNode
 from fp8lab.parts import Part, Saved  # noqa: F401 -- the chapters import Part from here
 
@@ -89,6 +90,7 @@ __all__ = [
     "CUDA_CONTEXT",
     "Layout",
     "MemoryEstimate",
+    "MEASURED_PHASES",
     "MemoryNode",
     "OPTIMIZERS",
     "PRECISIONS",
@@ -100,6 +102,8 @@ __all__ = [
     "fitting_gpus",
     "korthikanti_activations",
     "largest_micro_batch",
+    "measured_phase",
+    "phase_peaks",
     "resolve_precision",
     "zero_training_state",
 ]
