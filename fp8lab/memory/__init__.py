@@ -71,7 +71,7 @@ from fp8lab.memory.constants import (  # noqa: F401 -- constants the chapters re
     MiB,
 )
 from fp8lab.memory.estimator import MemoryEstimate, estimate
-from fp8lab.memory.fit import fitting_gpus, largest_micro_batch
+from fp8lab.memory.fit import HEADROOM, fits, fitting_gpus, largest_micro_batch  # noqa: F401
 from fp8lab.memory.layouts import (
     WEIGHTS,
     Layout,
@@ -80,7 +80,11 @@ from fp8lab.memory.layouts import (
     resolve_precision,
     zero_training_state,
 )
-from fp8lab.memory.phases import MEASURED_PHASES, measured_phase, phase_peaks
+from fp8lab.memory.phases import (  # noqa: F401 -- MEASURED_PHASES, a constant, too
+    MEASURED_PHASES,
+    measured_phase,
+    phase_peaks,
+)
 from fp8lab.memory.tree import MemoryNode
 from fp8lab.parts import Part, Saved  # noqa: F401 -- the chapters import Part from here
 
@@ -90,7 +94,6 @@ __all__ = [
     "CUDA_CONTEXT",
     "Layout",
     "MemoryEstimate",
-    "MEASURED_PHASES",
     "MemoryNode",
     "OPTIMIZERS",
     "PRECISIONS",
@@ -99,6 +102,7 @@ __all__ = [
     "backward_transients",
     "bytes_per_parameter",
     "estimate",
+    "fits",
     "fitting_gpus",
     "korthikanti_activations",
     "largest_micro_batch",
