@@ -52,9 +52,16 @@ def results_dir(start: Path | None = None) -> Path:
 
 
 def _comment_above(lines: list[str], lineno: int) -> str:
-    """The comment block right above line ``lineno`` (1-based) of ``lines``."""
-    found = []
+    """The comment of the assignment at line ``lineno`` (1-based) of ``lines``: the block
+    right above it, else its own trailing comment, else the block above a run of
+    assignments it ends (constants that share one comment)."""
     index = lineno - 2
+    trailing = lines[lineno - 1].partition("  # ")[2].strip()
+    if trailing and not lines[index].lstrip().startswith("#"):
+        return trailing
+    while index >= 0 and lines[index].strip() and not lines[index].lstrip().startswith("#"):
+        index -= 1  # an assignment sharing the comment above it
+    found = []
     while index >= 0 and lines[index].lstrip().startswith("#"):
         found.insert(0, lines[index].lstrip("# ").rstrip())
         index -= 1
