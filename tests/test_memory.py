@@ -637,6 +637,8 @@ def test_toy_configurations_keep_the_layout():
         (["--matrix", "unknown"], "invalid choice: 'unknown'"),
         (["--limit", "0", "--dry-run"], "--limit 0: must be a positive number"),
         (["--csv", "out.txt", "--dry-run"], "must name a .csv file"),
+        (["--matrix", "fits", "--predict-only", "--csv", "x.csv"], "--predict-only needs"),
+        (["--matrix", "heldout2", "--predict-only"], "--predict-only needs"),
     ],
 )
 def test_the_check_refuses_bad_flags_before_measuring(argv, message, capsys):
