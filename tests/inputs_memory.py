@@ -162,6 +162,34 @@ ENTRIES = {
             "weights": ["precision"],
         },
     ),
+    "memory.fits": Entry(
+        memory.fits,
+        {
+            "peak_bytes": maybe(reals(0, 1e11)),
+            "memory_bytes": maybe(reals(1e9, 1e11)),
+            "headroom": maybe(reals(0.1, 1)),
+            "context_bytes": maybe(reals(0, 1e9)),
+        },
+    ),
+    "memory.measured_phase": Entry(
+        memory.measured_phase,
+        {
+            "event": maybe(
+                st.sampled_from(
+                    [
+                        "build: model built",
+                        "step 1, forward: logits",
+                        "step 2, backward: LM head",
+                        "step 1, optimizer step: update",
+                    ]
+                )
+            )
+        },
+    ),
+    "memory.phase_peaks": Entry(
+        lambda batch: memory.phase_peaks(memory.estimate(TINY, batch, 16)),
+        {"batch": maybe(ints())},
+    ),
     "memory.fitting_gpus": Entry(_fits, {"batch": maybe(ints()), "headroom": maybe(reals(0.1, 1))}),
     "memory.largest_micro_batch": Entry(
         memory.largest_micro_batch,

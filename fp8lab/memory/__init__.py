@@ -43,8 +43,11 @@ source.
 **Known limits.** Allocator fragmentation and the CUDA context (outside
 ``max_memory_allocated``) are beside the peak, not in it (:attr:`MemoryEstimate.runtime`);
 kernels' scratch beyond the cuBLAS workspace is one measured constant; ZeRO-3/FSDP all-gather
-buffers and pipeline parallelism are not modelled. Checked against measured peaks of complete
-training steps on an H200 by ``python -m tools.memory_check`` (results in ``tests/gpu_results``).
+buffers (the unsharded layers FSDP2 gathers and prefetches) and pipeline parallelism are not
+modelled: against chapter 08's two-GPU measurements the ``dp > 1`` and ``tp > 1`` paths
+under-predict (see :func:`~fp8lab.memory.validation.chapter08_rows`). Checked against measured
+peaks of complete training steps by ``python -m tools.memory_check`` (results in
+``tests/gpu_results``, each file named for the GPU it was measured on).
 
 **Where things live.** :mod:`~fp8lab.memory.constants` (sizes and fitted constants, each with
 its source), :mod:`~fp8lab.memory.layouts` (parameter and parallel layouts, training state per
@@ -52,8 +55,10 @@ parameter), :mod:`~fp8lab.memory.activations` (saved tensors and backward transi
 :mod:`~fp8lab.memory.spec` (the checked inputs of an estimate), :mod:`~fp8lab.memory.sizes`
 (every size of a step, computed once), :mod:`~fp8lab.memory.timeline` and
 :mod:`~fp8lab.memory.tree` (the simulated step and the breakdown, both reading those sizes),
-:mod:`~fp8lab.memory.estimator` (:func:`estimate`) and :mod:`~fp8lab.memory.fit` (which GPUs,
-which micro-batch).
+:mod:`~fp8lab.memory.estimator` (:func:`estimate`), :mod:`~fp8lab.memory.fit` (one fits policy:
+which GPUs, which micro-batch), :mod:`~fp8lab.memory.phases` (the estimate's peaks under the
+phases a measurement marks) and :mod:`~fp8lab.memory.validation` (the estimator against the
+committed measurements).
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ from fp8lab.memory.constants import (  # noqa: F401 -- constants the chapters re
     MiB,
 )
 from fp8lab.memory.estimator import MemoryEstimate, estimate
-from fp8lab.memory.fit import fitting_gpus, largest_micro_batch
+from fp8lab.memory.fit import HEADROOM, fits, fitting_gpus, largest_micro_batch  # noqa: F401
 from fp8lab.memory.layouts import (
     WEIGHTS,
     Layout,
@@ -79,6 +84,11 @@ from fp8lab.memory.layouts import (
     bytes_per_parameter,
     resolve_precision,
     zero_training_state,
+)
+from fp8lab.memory.phases import (  # noqa: F401 -- MEASURED_PHASES, a constant, too
+    MEASURED_PHASES,
+    measured_phase,
+    phase_peaks,
 )
 from fp8lab.memory.tree import MemoryNode
 from fp8lab.parts import Part, Saved  # noqa: F401 -- the chapters import Part from here
@@ -97,9 +107,12 @@ __all__ = [
     "backward_transients",
     "bytes_per_parameter",
     "estimate",
+    "fits",
     "fitting_gpus",
     "korthikanti_activations",
     "largest_micro_batch",
+    "measured_phase",
+    "phase_peaks",
     "resolve_precision",
     "zero_training_state",
 ]

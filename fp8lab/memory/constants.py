@@ -22,6 +22,7 @@ __all__ = [
     "MiB",
     "NORM_STATS_BYTES",
     "OPTIMIZERS",
+    "ORIGIN",
     "PRECISIONS",
     "ZERO_STAGES",
 ]
@@ -74,3 +75,19 @@ NORM_STATS_BYTES = {"LayerNorm": 8, "RMSNorm": 4}
 # dequantized (2 bytes) or cloned parameter, then an FP32 copy (4): 6 bytes/parameter of one
 # parameter at a time, while the previous parameters' states already exist.
 MASTER_INIT_BYTES_PER_PARAMETER = 6
+
+# Where each number above comes from: read from a source (TE's or PyTorch's code, a paper),
+# measured directly on a GPU, or fitted to measured peaks of whole steps. Chapter 07 shows this
+# table, generated from this module, so that no constant of the estimator goes unstated.
+ORIGIN = {
+    "CUBLAS_WORKSPACE_HOPPER": "source: TE 2.20 cpp_extensions/gemm.py",
+    "CUBLAS_WORKSPACE_OLDER": "source: TE 2.20 cpp_extensions/gemm.py",
+    "CUDA_CONTEXT": "measured: nvidia-smi against max_memory_allocated, H200",
+    "BACKWARD_SCRATCH": "fitted: peaks of stacks of te.TransformerLayer, H200",
+    "FP8_META_SLOTS_PER_GEMM": "source: TE 2.20 quantization.py",
+    "FP8_GEMMS_PER_LAYER": "source: te.TransformerLayer's GEMMs",
+    "BLOCK_SCALE_BYTES_PER_ELEMENT": "source: TE 2.20 float8_blockwise_tensor.py",
+    "BLOCK_SCALING_UNEXPLAINED_BYTES_PER_ELEMENT": "fitted: the tune matrix, H200",
+    "NORM_STATS_BYTES": "source: PyTorch's and TE's norms",
+    "MASTER_INIT_BYTES_PER_PARAMETER": "source: TE 2.20 optimizers/fused_adam.py",
+}

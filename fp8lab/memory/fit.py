@@ -1,4 +1,11 @@
-"""Does it fit? The GPUs with room for an estimate, and the largest micro-batch that fits one."""
+"""Does it fit? One policy (:func:`fits`), used for the GPUs with room for an estimate and for
+the largest micro-batch that fits one.
+
+The policy: the predicted peak (``max_memory_allocated``) plus the CUDA context must fit in
+``headroom`` (by default :data:`HEADROOM`, 90%) of the GPU's memory. The 10% left is for the
+allocator's reserve beyond what is allocated, which the measured steps show varies (see
+chapter 07's reserved-against-allocated numbers).
+"""
 
 from __future__ import annotations
 
@@ -8,20 +15,39 @@ from fp8lab.memory.constants import CUDA_CONTEXT
 from fp8lab.memory.estimator import MemoryEstimate, estimate
 from fp8lab.memory.spec import require_seq
 
-__all__ = ["fitting_gpus", "largest_micro_batch"]
+__all__ = ["HEADROOM", "fits", "fitting_gpus", "largest_micro_batch"]
+
+HEADROOM = 0.9  # share of a GPU's memory the calculator lets a step's peak and context use
 
 
-def fitting_gpus(est: MemoryEstimate, headroom: float = 0.9) -> list[tuple[str, float, bool]]:
-    """``(GPU, memory in GB, fits)`` for every GPU of :data:`fp8lab.datasheet.DATASHEET`: does the
-    predicted peak plus the CUDA context fit in ``headroom`` of its memory?"""
+def fits(
+    peak_bytes: float,
+    memory_bytes: float,
+    headroom: float = HEADROOM,
+    context_bytes: float = CUDA_CONTEXT,
+) -> bool:
+    """The policy: does a step of predicted peak ``peak_bytes`` fit a GPU of ``memory_bytes``,
+    its CUDA context (``context_bytes``) included, in ``headroom`` of the memory?"""
+    peak_bytes = checks.number("peak_bytes", peak_bytes, non_negative=True)
+    memory_bytes = checks.number("memory_bytes", memory_bytes, positive=True)
+    headroom = checks.number("headroom", headroom, positive=True, maximum=1.0)
+    context_bytes = checks.number("context_bytes", context_bytes, non_negative=True)
+    return peak_bytes + context_bytes <= headroom * memory_bytes
+
+
+def fitting_gpus(
+    est: MemoryEstimate, headroom: float = HEADROOM
+) -> list[tuple[str, float, bool]]:
+    """``(GPU, memory in GB, fits)`` for every GPU of :data:`fp8lab.datasheet.DATASHEET`, by
+    :func:`fits`: does the predicted peak plus the CUDA context fit in ``headroom`` of its
+    memory?"""
     from fp8lab.datasheet import DATASHEET
 
     if not isinstance(est, MemoryEstimate):
         raise TypeError(f"est must be a memory.MemoryEstimate, not {type(est).__name__}")
     headroom = checks.number("headroom", headroom, positive=True, maximum=1.0)
-    need = est.peak_bytes + CUDA_CONTEXT
     return [
-        (spec.name, spec.memory_gb, need <= headroom * spec.memory_bytes)
+        (spec.name, spec.memory_gb, fits(est.peak_bytes, spec.memory_bytes, headroom))
         for spec in sorted(DATASHEET, key=lambda s: s.memory_gb)
     ]
 
@@ -32,13 +58,14 @@ def largest_micro_batch(
     gpu: str = "H200",
     *,
     memory_bytes: float | None = None,
-    headroom: float = 0.9,
+    headroom: float = HEADROOM,
     context_bytes: float = CUDA_CONTEXT,
     max_batch: int = 4096,
     **estimate_kwargs,
 ) -> int:
-    """The largest micro-batch whose predicted peak fits ``headroom`` of the GPU's memory, less
-    ``context_bytes`` (0 if none fits). ``memory_bytes`` overrides the datasheet's memory."""
+    """The largest micro-batch whose predicted peak :func:`fits` the GPU (``headroom`` of its
+    memory, ``context_bytes`` included; 0 if none fits). ``memory_bytes`` overrides the
+    datasheet's memory."""
     require_config(cfg)
     require_seq(cfg, seq)
     checks.integer("max_batch", max_batch)
@@ -49,18 +76,18 @@ def largest_micro_batch(
     memory_bytes = checks.number("memory_bytes", memory_bytes, positive=True)
     headroom = checks.number("headroom", headroom, positive=True, maximum=1.0)
     context_bytes = checks.number("context_bytes", context_bytes, non_negative=True)
-    budget = memory_bytes * headroom - context_bytes
 
-    def fits(b: int) -> bool:
-        return estimate(cfg, b, seq, **estimate_kwargs).peak_bytes <= budget
+    def room(b: int) -> bool:
+        peak = estimate(cfg, b, seq, **estimate_kwargs).peak_bytes
+        return fits(peak, memory_bytes, headroom, context_bytes)
 
-    if not fits(1):
+    if not room(1):
         return 0
     low, high = 1, 2
-    while high <= max_batch and fits(high):
+    while high <= max_batch and room(high):
         low, high = high, high * 2
     high = min(high, max_batch + 1)
     while high - low > 1:
         middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
+        low, high = (middle, high) if room(middle) else (low, middle)
     return low

@@ -12,9 +12,16 @@ mark the phases), beside :func:`fp8lab.memory.estimate`'s prediction::
     python -m tools.memory_check --matrix heldout --csv tests/gpu_results/memory_heldout_h200.csv
     python -m tools.memory_check --matrix fits --csv tests/gpu_results/memory_fits_h200.csv
     python -m tools.memory_check --matrix tune --dry-run      # toy sizes, any machine
+    python -m tools.memory_check --matrix heldout2 --predict-only \
+        --csv tests/gpu_results/memory_heldout2_predictions.csv   # predictions only, no GPU
+    python -m tools.memory_check --matrix heldout2 --csv tests/gpu_results/memory_heldout2_h100.csv
 
 ``tune`` is the matrix the estimator's constants may be tuned on; ``heldout`` (other model
-shapes, sequence lengths and micro-batches) never is. ``fits`` compares, for a few
+shapes, sequence lengths and micro-batches) never is; ``heldout2`` (small vocabularies: peaks in
+a layer's backward or the optimizer step) had its predictions committed before it was measured.
+Each measured row holds the peak of every phase (``build``, ``step N model forward``, ``step N
+loss and backward``, ``step N optimizer step``) beside the estimator's, under the same phases
+(:func:`fp8lab.memory.phase_peaks`). ``fits`` compares, for a few
 configurations, the largest micro-batch :func:`fp8lab.memory.largest_micro_batch` predicts
 with the largest that runs (tried, out-of-memory caught). Each CSV gets a sidecar
 ``.stamp.json`` (GPU, versions, the fp8lab code the measurements ran), checked by the CPU

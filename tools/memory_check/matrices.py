@@ -46,6 +46,9 @@ MODELS = {
     # held out: other widths, depths, head dimensions and vocabularies
     "gpt-760m": _gpt("gpt-760m", 1536, 6144, 16, 24, 50304),
     "llama-850m": _llama("llama-850m", 2048, 5632, 16, 4, 16, 32000),
+    # held out, second matrix: small vocabularies, so that the peak leaves the cross-entropy
+    "gpt-480m-v1k": _gpt("gpt-480m-v1k", 1280, 5120, 20, 24, 1024),
+    "llama-620m-v4k": _llama("llama-620m-v4k", 1536, 4096, 12, 4, 24, 4096),
 }
 
 
@@ -129,6 +132,33 @@ MATRICES = {
         ),
     ),
 }
+# Held out, second matrix: configurations whose predicted peak is not the cross-entropy spike
+# but the optimizer step (few tokens: the first step creates the states beside the gradients)
+# or a layer's backward (small vocabularies; full recompute under FP8). Their predictions were
+# committed (--predict-only) before any of them was measured.
+_G, _L = "gpt-480m-v1k", "llama-620m-v4k"
+MATRICES["heldout2"] = [
+    Config(_G, 512, 1, "bf16", "bf16"),
+    Config(_G, 512, 1, "fp32-autocast", "bf16"),
+    Config(_G, 512, 1, "bf16-master", "bf16"),
+    Config(_G, 512, 1, "bf16-master", "fp8-delayed"),
+    Config(_G, 512, 1, "fp8-master", "fp8-delayed"),
+    Config(_G, 2048, 4, "bf16-master", "bf16"),
+    Config(_G, 2048, 4, "bf16-master", "fp8-delayed"),
+    Config(_G, 2048, 4, "bf16-master", "fp8-block"),
+    Config(_G, 4096, 4, "bf16-master", "fp8-delayed", "full"),
+    Config(_G, 4096, 4, "fp8-master", "fp8-current", "full"),
+    Config(_G, 1024, 8, "fp32-autocast", "fp8-delayed"),
+    Config(_G, 1024, 4, "bf16-master", "fp8-delayed", "none", accumulation=2),
+    Config(_L, 512, 1, "bf16", "bf16"),
+    Config(_L, 512, 1, "bf16-master", "bf16"),
+    Config(_L, 512, 1, "fp8-master", "fp8-current"),
+    Config(_L, 4096, 4, "bf16-master", "fp8-delayed", "full"),
+    Config(_L, 4096, 4, "fp8-master", "fp8-delayed", "full"),
+    Config(_L, 4096, 8, "bf16", "fp8-delayed", "full"),
+    Config(_L, 1024, 4, "bf16-master", "fp8-delayed", "none", accumulation=2),
+    Config(_L, 2048, 4, "bf16-master", "bf16"),  # a cross-entropy peak, for comparison
+]
 # The "fits?" check: the largest micro-batch that runs, against the estimator's
 FITS = (
     Config("llama-850m", 4096, 0, "bf16-master", "bf16"),

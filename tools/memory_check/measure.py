@@ -207,11 +207,11 @@ def row(config: Config, te, recipe_module, device) -> dict:
     if RECIPES.get(config.precision) == "Float8BlockScaling":
         available, reason = te.is_fp8_block_scaling_available(return_reason=True)
         if not available:
-            return {**_describe(config, predicted), "status": "unavailable", "error": reason}
-    return {**_describe(config, predicted), **attempt(config, te, recipe_module, device)}
+            return {**describe(config, predicted), "status": "unavailable", "error": reason}
+    return {**describe(config, predicted), **attempt(config, te, recipe_module, device)}
 
 
-def _describe(config: Config, predicted: memory.MemoryEstimate) -> dict:
+def describe(config: Config, predicted: memory.MemoryEstimate) -> dict:
     from fp8lab.flops import parameter_count
 
     return {
@@ -221,6 +221,10 @@ def _describe(config: Config, predicted: memory.MemoryEstimate) -> dict:
         "config": json.dumps(asdict(config.cfg)),  # the model, for readers of the CSV alone
         "predicted_MiB": round(predicted.peak_mib, 1),
         "predicted_event": predicted.peak_event,
-        **{f"predicted {phase}_MiB": round(v / MiB, 1) for phase, v in predicted.phases.items()},
+        "predicted_phase": memory.measured_phase(predicted.peak_event),
+        **{
+            f"predicted {phase}_MiB": round(value / MiB, 1)
+            for phase, value in memory.phase_peaks(predicted).items()
+        },
     }
 

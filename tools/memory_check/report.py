@@ -74,6 +74,52 @@ def stamp_path(csv: Path) -> Path:
     return csv.with_name(csv.name + ".stamp.json")
 
 
+# The code a prediction comes from: the estimator and what it reads (hashed into the stamp of a
+# predictions file, so that a later change to any of them shows)
+ESTIMATOR_FILES = ("fp8lab/memory", "fp8lab/parts.py", "fp8lab/config.py", "fp8lab/flops.py")
+
+
+def estimator_sha256(root: Path | None = None) -> str:
+    """SHA-256 over the estimator's source files (:data:`ESTIMATOR_FILES`), in name order."""
+    root = Path(__file__).resolve().parents[2] if root is None else root
+    digest = hashlib.sha256()
+    for name in ESTIMATOR_FILES:
+        path = root / name
+        for file in sorted(path.glob("*.py")) if path.is_dir() else [path]:
+            digest.update(file.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def write_predictions(matrix: str, csv: Path):
+    """Predict every configuration of ``matrix`` (nothing measured) into ``csv``, with a side
+    file ``<csv>.stamp.json`` holding the date and :func:`estimator_sha256`: a record, made
+    before the measurements, of what the estimator said."""
+    import datetime
+
+    import pandas as pd
+
+    from tools.memory_check.matrices import MATRICES
+    from tools.memory_check.measure import describe
+
+    frame = pd.DataFrame([describe(c, c.predict()) for c in MATRICES[matrix]])
+    frame = frame.drop(columns=["config"])
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(csv, index=False, float_format="%.1f")
+    record = {
+        "matrix": matrix,
+        "what": "predictions only, written before any measurement of these configurations",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "estimator_files": list(ESTIMATOR_FILES),
+        "estimator_sha256": estimator_sha256(),
+        "command": f"python -m tools.memory_check --matrix {matrix} --predict-only "
+        f"--csv {csv.as_posix()}",
+        "csv_sha256": hashlib.sha256(csv.read_bytes()).hexdigest(),
+    }
+    stamp_path(csv).write_text(json.dumps(record, indent=1) + "\n")
+    return frame
+
+
 
 def print_report(frame, matrix: str) -> int:
     """Print a matrix's table and, where peaks were measured, its error summaries; the exit

@@ -1,0 +1,269 @@
+"""The estimator against committed measurements: the tables chapter 07 shows.
+
+Measured peaks live in ``tests/gpu_results`` (written on a GPU by ``tools/memory_check``) and in
+chapter 08's result file; this module reads them, re-predicts each configuration with
+:func:`fp8lab.memory.estimate`, and returns errors as predicted over measured minus one:
+per configuration, per measured phase (:func:`fp8lab.memory.phase_peaks`), for the allocator's
+reserve beyond the allocated peak, and for chapter 08's parallel layouts. It also lists the
+estimator's constants with their origin (:data:`fp8lab.memory.constants.ORIGIN`).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+from pathlib import Path
+
+from fp8lab.config import TransformerConfig, preset_config
+from fp8lab.memory import constants
+from fp8lab.memory.estimator import estimate
+from fp8lab.memory.fit import largest_micro_batch
+from fp8lab.memory.layouts import Layout
+from fp8lab.memory.phases import MEASURED_PHASES
+
+__all__ = [
+    "CONFIG_COLUMNS",
+    "chapter08_rows",
+    "constants_table",
+    "fits_check",
+    "heldout_errors",
+    "models_of",
+    "phase_errors",
+    "reserved_overhead",
+    "results_dir",
+    "summary",
+]
+
+# The columns that name a measured configuration in tools/memory_check's files
+CONFIG_COLUMNS = ("model", "seq", "batch", "weights", "precision", "recompute", "accumulation")
+# The measured phases of a two-step run, in order
+PHASES = ("build", *(f"step {k} {p}" for k in (1, 2) for p in MEASURED_PHASES))
+
+
+def results_dir(start: Path | None = None) -> Path:
+    """``tests/gpu_results`` of the checkout holding ``start`` (the working directory by
+    default); ``start`` itself if none is found above it."""
+    here = Path.cwd().resolve() if start is None else Path(start).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "tests" / "gpu_results").is_dir():
+            return folder / "tests" / "gpu_results"
+    return here
+
+
+def _comment_above(lines: list[str], lineno: int) -> str:
+    """The comment of the assignment at line ``lineno`` (1-based) of ``lines``: the block
+    right above it, else its own trailing comment, else the block above a run of
+    assignments it ends (constants that share one comment)."""
+    index = lineno - 2
+    trailing = lines[lineno - 1].partition("  # ")[2].strip()
+    if trailing and not lines[index].lstrip().startswith("#"):
+        return trailing
+    while index >= 0 and lines[index].strip() and not lines[index].lstrip().startswith("#"):
+        index -= 1  # an assignment sharing the comment above it
+    found = []
+    while index >= 0 and lines[index].lstrip().startswith("#"):
+        found.insert(0, lines[index].lstrip("# ").rstrip())
+        index -= 1
+    return " ".join(found)
+
+
+def constants_table(with_notes: bool = False):
+    """Every number of :mod:`fp8lab.memory.constants` with its origin (source, measured or
+    fitted), read from the module itself; ``with_notes`` adds each constant's comment."""
+    import pandas as pd
+
+    source = inspect.getsource(constants)
+    lines = source.splitlines()
+    rows = []
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.Assign) or not isinstance(node.targets[0], ast.Name):
+            continue
+        name = node.targets[0].id
+        if name not in constants.ORIGIN:
+            continue
+        value = getattr(constants, name)
+        in_mib = isinstance(value, int) and value > 2**16
+        shown = f"{value / constants.MiB:g} MiB" if in_mib else value
+        kind, _, where = constants.ORIGIN[name].partition(": ")
+        row = {"constant": name, "value": str(shown), "origin": kind, "from": where}
+        if with_notes:
+            row["note"] = _comment_above(lines, node.lineno)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def models_of(frame) -> dict[str, TransformerConfig]:
+    """The models of a measured file, by name, from its ``config`` column (JSON)."""
+    return {
+        name: TransformerConfig(**json.loads(text))
+        for name, text in frame[["model", "config"]].drop_duplicates("model").values
+    }
+
+
+def heldout_errors(frame, models: dict[str, TransformerConfig] | None = None):
+    """The rows of a measured file that ran, with the current estimator's ``predicted_MiB`` and
+    ``error`` (predicted / measured - 1). A row's model is its ``config`` column (JSON of a
+    :class:`~fp8lab.config.TransformerConfig`) or, without one, ``models[row.model]``."""
+    ran = frame[frame["status"] == "ok"].copy()
+    ran["predicted_MiB"] = [_estimate(row, models).peak_mib for _, row in ran.iterrows()]
+    ran["error"] = ran["predicted_MiB"] / ran["measured_MiB"] - 1
+    return ran
+
+
+def _estimate(row, models=None):
+    if "config" in row and isinstance(row["config"], str):
+        cfg = TransformerConfig(**json.loads(row["config"]))
+    else:
+        cfg = (models or {})[row["model"]]
+    return estimate(
+        cfg,
+        int(row["batch"]),
+        int(row["seq"]),
+        precision=row["precision"],
+        weights=row["weights"],
+        recompute=row["recompute"],
+        accumulation=int(row["accumulation"]),
+    )
+
+
+def summary(errors):
+    """Count, median and worst absolute error, and the most under-predicted (<= 0)."""
+    import pandas as pd
+
+    errors = errors.dropna()
+    return pd.Series(
+        {
+            "configs": len(errors),
+            "median |error|": errors.abs().median(),
+            "worst |error|": errors.abs().max(),
+            "most under-predicted": min(0.0, errors.min()) if len(errors) else float("nan"),
+        }
+    )
+
+
+def phase_errors(predictions, measured):
+    """Per-phase errors of predictions committed before the measurements: one row per
+    configuration and measured phase (``predicted``, ``measured`` in MiB, ``error``), plus a
+    ``peak`` row per configuration whose ``same_phase`` says if the predicted peak's phase is
+    the measured one (model forward, loss and backward or optimizer step, either step)."""
+    import pandas as pd
+
+    keys = list(CONFIG_COLUMNS)
+    ran = measured[measured["status"] == "ok"]
+    both = predictions.merge(ran, on=keys, suffixes=("", " (run)"))
+    rows = []
+    for _, row in both.iterrows():
+        label = {k: row[k] for k in keys}
+        for phase in PHASES:
+            predicted, got = row.get(f"predicted {phase}_MiB"), row.get(f"{phase}_MiB")
+            rows.append({**label, "phase": phase, "predicted": predicted, "measured": got})
+        rows.append(
+            {
+                **label,
+                "phase": "peak",
+                "predicted": row["predicted_MiB"],
+                "measured": row["measured_MiB"],
+                "predicted_phase": row["predicted_phase"],
+                "measured_phase": row["measured_phase"],
+                "same_phase": _kind(row["predicted_phase"]) == _kind(row["measured_phase"]),
+            }
+        )
+    table = pd.DataFrame(rows)
+    table["error"] = table["predicted"] / table["measured"] - 1
+    return table
+
+
+def _kind(phase: str) -> str:
+    """A measured phase without its step: ``"step 2 optimizer step"`` -> ``"optimizer step"``
+    (the two steps' optimizer peaks can tie, so which step holds the peak is noise)."""
+    return phase.split(" ", 2)[-1] if phase.startswith("step ") else phase
+
+
+def reserved_overhead(frame):
+    """``torch.cuda.max_memory_reserved`` over ``max_memory_allocated`` minus one, for each
+    configuration of a measured file that ran (both above what was there before the model)."""
+    ran = frame[frame["status"] == "ok"]
+    return ran["reserved_MiB"] / ran["measured_MiB"] - 1
+
+
+# Chapter 08's model and how its worker trains it (notebooks/08_parallelism.ipynb): two layers
+# of TE's tutorial shape, no embeddings or head, no dropout; its precisions by their names here.
+CH08_MODEL = {"preset": "te-tutorial", "num_layers": 2}
+CH08_PRECISIONS = {"bf16": "bf16", "fp8": "fp8-delayed", "fp8_weights": "fp8-weights"}
+
+
+def _ch08_layout(kind: str, row: dict) -> tuple[str, Layout, int] | None:
+    """A chapter 08 row's layout name, estimator layout and micro-batch (a TP group shares
+    ``tp`` times the per-GPU batch of DDP, as chapter 08 runs it); None for rows not compared."""
+    n, batch = int(row["n"]), int(row["batch"])
+    if kind == "fsdp":
+        return "FSDP2 (ZeRO-3)", Layout(dp=n, zero_stage=3), batch
+    if kind == "tp":
+        tp, sp = int(row["tp"]), row["layout"] == "TP+SP"
+        return row["layout"], Layout(tp=tp, sequence_parallel=sp), batch * tp
+    if kind == "ddp" and row.get("mode") in ("single", "tuned"):
+        return ("one GPU" if n == 1 else "DDP"), Layout(dp=n), batch
+    return None
+
+
+def chapter08_rows(path: Path):
+    """Chapter 08's measured peaks per GPU (one GPU, DDP, FSDP2, TP, TP+SP) beside the
+    estimator's, as chapter 08 predicts them; an empty table if the file is absent."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.exists():
+        return pd.DataFrame()
+    results = json.loads(path.read_text())["results"]
+    cfg = preset_config(CH08_MODEL["preset"]).replace(
+        num_layers=CH08_MODEL["num_layers"], name="te-tutorial x 2"
+    )
+    rows = []
+    for kind in ("ddp", "fsdp", "tp"):
+        for row in (results.get(kind) or {}).get("data", {}).get("rows", []):
+            found = _ch08_layout(kind, row)
+            if found is None:
+                continue
+            name, layout, batch = found
+            est = estimate(
+                cfg,
+                batch,
+                int(row["seq"]),
+                precision=CH08_PRECISIONS[row["precision"]],
+                layout=layout,
+                hidden_dropout=0.0,
+            )
+            rows.append(
+                {
+                    "layout": name,
+                    "GPUs": int(row["n"]),
+                    "batch": int(row["batch"]),
+                    "precision": row["precision"],
+                    "measured_MiB": row["peak_mib"],
+                    "predicted_MiB": est.peak_mib,
+                }
+            )
+    table = pd.DataFrame(rows).drop_duplicates(["layout", "GPUs", "batch", "precision"])
+    table["error"] = table["predicted_MiB"] / table["measured_MiB"] - 1
+    return table.reset_index(drop=True)
+
+
+def fits_check(frame, models: dict[str, TransformerConfig], gpu: str = "H200"):
+    """The "fits?" runs (largest micro-batch that ran, of those tried) beside the calculator's
+    answer for ``gpu`` under its own policy (:func:`fp8lab.memory.fits`: 90% of the memory,
+    the CUDA context included): ``safe`` when the calculator's batch ran."""
+    table = frame.copy()
+    table["calculator"] = [
+        largest_micro_batch(
+            models[row["model"]],
+            int(row["seq"]),
+            gpu,
+            weights=row["weights"],
+            precision=row["precision"],
+            recompute=row["recompute"],
+        )
+        for _, row in table.iterrows()
+    ]
+    table["safe"] = table["calculator"] <= table["actual_batch"]
+    return table
