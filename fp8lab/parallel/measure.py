@@ -26,7 +26,8 @@ MiB = 2**20
 
 
 def timed(ctx: Context, step: Callable, args: dict, base: int) -> dict:
-    """Median step time (ms), its spread and this rank's peak memory above ``base`` (MiB)."""
+    """Median step time (ms), its spread, every timed step (ms) and this rank's peak memory
+    above ``base`` (MiB)."""
     timing = time_callable(
         step,
         warmup=int(args.get("warmup", 5)),
@@ -35,6 +36,7 @@ def timed(ctx: Context, step: Callable, args: dict, base: int) -> dict:
         measure_memory=ctx.cuda,
     )
     result = {"step_ms": timing.median_ms, "spread": timing.spread, "iters": timing.iters}
+    result["times_ms"] = [round(float(t), 4) for t in timing.times_ms]
     if ctx.cuda:
         result["peak_mib"] = (timing.peak_memory_bytes - base) / MiB
     return result
