@@ -25,12 +25,13 @@ def missing_fields(run) -> list[str]:
     """What a result file lacks of the current worker's measurements, one line each."""
     missing = []
     for task, (field, what) in NEW_FIELDS.items():
-        result = run[task] if task in run else None
-        if result is None or not result.ok:
+        if task not in run:
             missing.append(f"{task}: {what}")
             continue
-        rows = result.rows + [result.data.get("reduction") or {}]
-        if field is not None and not any(field in row for row in rows):
+        result = run[task]
+        rows = [r for r in [*result.rows, result.data.get("reduction") or {}] if r]
+        measured = [r for r in rows if not r.get("error")]
+        if field is not None and measured and not any(field in r for r in measured):
             missing.append(f"{task}: {what}")
     return missing
 
