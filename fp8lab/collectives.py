@@ -24,8 +24,8 @@ Korthikanti et al. 2022) and context parallelism (K and V passed around a ring, 
 backward, plus the gradient all-reduce). Counts are per GPU and per step.
 
 A collective has at least 2 ranks (on one, :func:`collective_time` is 0: nothing moves), and a
-layout's ``n`` must divide what it cuts: the FFN width ``F`` under tensor parallelism, the
-sequence ``S`` under sequence and context parallelism.
+layout's ``n`` must divide what it cuts: the FFN width ``F``, the heads ``A`` and the key/value
+groups under tensor parallelism, the sequence ``S`` under sequence and context parallelism.
 """
 
 from __future__ import annotations
@@ -217,12 +217,17 @@ def _context_parallel_traffic(cfg, params, batch, seq, n, grad_bytes, activation
 
 
 def _check_split(cfg: TransformerConfig, layout: str, seq: int, n: int) -> None:
-    """What a layout cuts into ``n`` parts must divide by ``n``: the heads and FFN columns of
-    tensor parallelism, the sequence of sequence and context parallelism."""
+    """What a layout cuts into ``n`` parts must divide by ``n``: the heads, key/value groups and
+    FFN columns of tensor parallelism, the sequence of sequence and context parallelism."""
     if layout in ("TP", "TP+SP") and cfg.ffn_hidden_size % n:
         raise ValueError(
             f"n={n}: tensor parallelism needs n to divide cfg.ffn_hidden_size="
             f"{cfg.ffn_hidden_size} (F)"
+        )
+    if layout in ("TP", "TP+SP") and (cfg.num_attention_heads % n or cfg.groups % n):
+        raise ValueError(
+            f"n={n}: tensor parallelism needs n to divide cfg.num_attention_heads="
+            f"{cfg.num_attention_heads} (A) and the key/value groups ({cfg.groups})"
         )
     if layout in ("TP+SP", "CP") and seq % n:
         name = "sequence" if layout == "TP+SP" else "context"

@@ -61,7 +61,7 @@ __all__ = [
 
 # Kinds of task the worker runs (fp8lab.parallel.worker.TASKS has one function per kind).
 KINDS = ("links", "amax", "ddp_check", "ddp", "fsdp", "tp_check", "tp", "cp_check", "cp")
-KINDS += ("timeline", "sleep")
+KINDS += ("timeline", "rounds", "sleep")
 MULTICAST_OFF = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",

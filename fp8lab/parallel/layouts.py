@@ -2,7 +2,8 @@
 stack of ``te.TransformerLayer``) with Transformer Engine: this file is the chapter's code.
 
 * **DDP**: the whole model on every GPU; gradients averaged by ``DistributedDataParallel``
-  (buckets, overlapped with the backward) or in one all-reduce after it;
+  (buckets, overlapped with the backward) or in one all-reduce after it; with ZeRO-1, each GPU
+  keeps the optimizer state of 1/N of the parameters (``ZeroRedundancyOptimizer``);
 * **FSDP2**: ``fully_shard`` per layer on ``meta`` parameters, TE's ``reset_parameters()``
   materialising each rank's shard; FP8 weights under ``te.quantized_model_init``;
 * **TP/SP**: TE's tensor-parallel layers (``set_parallel_mode=True``: QKV and FC1
@@ -48,6 +49,25 @@ def all_reduce_grads(model, group) -> None:
         grad.copy_(synced)
 
 
+def zero1_optimizer(ctx: Context, model, group, lr: float = 1e-4):
+    """DDP + ZeRO-1: each rank keeps the optimizer state (FP32 master weights and moments) of
+    1/N of the parameters and broadcasts its updated part after the step."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    if not ctx.cuda:  # the CPU reference trains with AdamW
+        return ZeroRedundancyOptimizer(
+            model.parameters(), torch.optim.AdamW, process_group=group, lr=lr
+        )
+    return ZeroRedundancyOptimizer(
+        model.parameters(),
+        ctx.te.optimizers.FusedAdam,
+        process_group=group,
+        lr=lr,
+        master_weights=True,
+        master_weight_dtype=torch.float32,
+    )
+
+
 def ddp_model(ctx: Context, cfg: TransformerConfig, n: int, mode: str):
     """The model of one DDP variant on the first ``n`` ranks: plain on one GPU, DDP with
     ``DDP_VARIANTS[mode]``, or ``"no_overlap"`` (gradients averaged in one all-reduce after the
@@ -75,28 +95,32 @@ def _custom_attributes(model) -> dict:
     return saved
 
 
-def fsdp_model(ctx: Context, cfg: TransformerConfig, precision: str):
+def fsdp_model(ctx: Context, cfg: TransformerConfig, precision: str, *, meta=True, reshard=True):
     """FSDP2 (``fully_shard``) over every rank: each layer a unit, then the whole model.
 
     The layers are created on the ``meta`` device (no memory), sharded, then materialised shard
     by shard: TE's ``reset_parameters()`` allocates and initialises only this rank's part. With
     ``precision="fp8_weights"`` the layers are built under ``te.quantized_model_init``, so the
     shards are FP8 tensors and FSDP2 all-gathers FP8 bytes (TE's ``fsdp_pre_all_gather``).
+    ``meta=False`` shards a whole model built on the device (the same weights as one GPU's, for
+    the checks); ``reshard=False`` keeps the gathered weights from the forward to the backward
+    (``reshard_after_forward=False``: one gather per step instead of two, ZeRO-2-like memory).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    device = "meta" if meta else None
     if precision == "fp8_weights":
         with ctx.te.quantized_model_init(enabled=True, recipe=fp8_recipe(ctx)):
-            model = build_model(ctx, cfg, device="meta")
+            model = build_model(ctx, cfg, device=device)
     else:
-        model = build_model(ctx, cfg, device="meta")
+        model = build_model(ctx, cfg, device=device)
     attributes = _custom_attributes(model)
     mesh = init_device_mesh("cuda" if ctx.cuda else "cpu", (ctx.world,))
     for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    for module in model.modules():  # TE: materialise and initialise this rank's shard
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    for module in model.modules() if meta else ():  # TE: materialise this rank's shard
         if hasattr(module, "reset_parameters") and module is not model:
             module.reset_parameters()
     if any(p.is_meta for p in model.parameters()):  # the CPU reference has no reset_parameters

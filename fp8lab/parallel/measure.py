@@ -26,7 +26,8 @@ MiB = 2**20
 
 
 def timed(ctx: Context, step: Callable, args: dict, base: int) -> dict:
-    """Median step time (ms), its spread and this rank's peak memory above ``base`` (MiB)."""
+    """Median step time (ms), its spread, every timed step (ms) and this rank's peak memory
+    above ``base`` (MiB)."""
     timing = time_callable(
         step,
         warmup=int(args.get("warmup", 5)),
@@ -35,6 +36,7 @@ def timed(ctx: Context, step: Callable, args: dict, base: int) -> dict:
         measure_memory=ctx.cuda,
     )
     result = {"step_ms": timing.median_ms, "spread": timing.spread, "iters": timing.iters}
+    result["times_ms"] = [round(float(t), 4) for t in timing.times_ms]
     if ctx.cuda:
         result["peak_mib"] = (timing.peak_memory_bytes - base) / MiB
     return result
@@ -147,4 +149,20 @@ def profile_step(ctx: Context, step: Callable, warmup: int = 3) -> dict:
         "communication_us": comm_us,
         "compute_us": compute_us,
         "exposed_communication_us": comm_us - overlapped,
+        **hiding_window(comm, compute),
     }
+
+
+def hiding_window(comm: list[tuple], compute: list[tuple]) -> dict:
+    """The compute that large collectives can hide under: the union of compute kernels between
+    the start of the first and the end of the last collective at least a tenth as long as the
+    longest (gradient buckets, not the amax reductions of a few floats). For DDP this is the
+    backward after the first bucket is ready; at a larger scale the all-reduce hides while it
+    is shorter than this window."""
+    if not comm:
+        return {"window_us": 0.0, "large_communication_us": 0.0}
+    longest = max(end - start for start, end in comm)
+    large = [(start, end) for start, end in comm if end - start >= 0.1 * longest]
+    first, last = min(s for s, _ in large), max(e for _, e in large)
+    inside = [(max(s, first), min(e, last)) for s, e in compute if e > first and s < last]
+    return {"window_us": union_length(inside), "large_communication_us": union_length(large)}

@@ -39,12 +39,14 @@ def build_model(
     *,
     device: str | None = None,
     seed: int = 1234,
+    params_dtype: torch.dtype | None = None,
     **parallel,
 ) -> torch.nn.Sequential:
     """``cfg.num_layers`` ``te.TransformerLayer``s; the same weights on every rank (one seed).
 
     ``parallel`` is passed on to every layer: the tensor-parallel options a layout sets
-    (:func:`fp8lab.parallel.layouts.tensor_parallel_model`).
+    (:func:`fp8lab.parallel.layouts.tensor_parallel_model`). ``params_dtype`` overrides the
+    lane's dtype (FP32 for the reference the checks measure distances from).
     """
     te = ctx.te
     torch.manual_seed(seed)
@@ -57,7 +59,7 @@ def build_model(
         "bias": cfg.bias,
         "activation": cfg.activation,
         "normalization": cfg.normalization,
-        "params_dtype": dtype_of(ctx),
+        "params_dtype": params_dtype or dtype_of(ctx),
         "fuse_qkv_params": True,
         "qkv_weight_interleaved": False,
         "device": device or ("cuda" if ctx.cuda else "cpu"),

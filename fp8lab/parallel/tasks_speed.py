@@ -45,8 +45,16 @@ from fp8lab.parallel.process import Context, only, sub_run
 from fp8lab.speedometer import time_callable
 
 
+def back_to_back(nbytes: int, most: int = 100) -> int:
+    """Calls timed between one pair of events for a message of ``nbytes``: up to ``most`` for
+    small messages, so that the time per call is the collective's latency on the GPU and not
+    the host's cost of launching one call; one call from 64 MiB on."""
+    return max(1, min(int(most), 2**26 // max(int(nbytes), 1)))
+
+
 def task_links(ctx: Context, args: dict) -> dict:
-    """Time all-reduce, all-gather and reduce-scatter over message sizes (nccl-tests style)."""
+    """Time all-reduce, all-gather and reduce-scatter over message sizes (nccl-tests style),
+    many calls back to back between two events for small messages."""
     rows = []
     sizes = []
     size = int(args.get("min_bytes", 2**12))
@@ -60,10 +68,20 @@ def task_links(ctx: Context, args: dict) -> dict:
             for nbytes in sizes:
 
                 def measure(op=op, nbytes=nbytes, group=group):
-                    fn = collective(op, nbytes, group, ctx)
+                    one = collective(op, nbytes, group, ctx)
+                    calls = back_to_back(nbytes, args.get("max_calls", 100))
+
+                    def burst():
+                        for _ in range(calls):
+                            one()
+
                     iters = 20 if nbytes <= 2**26 else 10
-                    timing = time_callable(fn, warmup=3, iters=iters, device=ctx.device)
-                    return {"time_us": timing.median_ms * 1e3, "spread": timing.spread}
+                    timing = time_callable(burst, warmup=3, iters=iters, device=ctx.device)
+                    return {
+                        "time_us": timing.median_ms * 1e3 / calls,
+                        "spread": timing.spread,
+                        "calls": calls,
+                    }
 
                 rows.append(
                     sub_run(ctx, {"op": op, "n": n, "bytes": nbytes}, only(ctx, ranks, measure))

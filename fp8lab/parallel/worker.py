@@ -13,8 +13,9 @@ Task kinds (one function each, :data:`TASKS`): ``links`` (collective bandwidth),
 (scales across ranks with and without amax reduction), ``ddp_check`` (losses of N GPUs against
 one), ``ddp`` (step time and memory, 1..N GPUs), ``fsdp`` (FSDP2 with TE, meta init, FP8
 weights), ``tp_check`` and ``tp`` (tensor and sequence parallelism, Userbuffers), ``cp_check``
-and ``cp`` (context parallelism), ``timeline`` (where the kernels of one step run), ``sleep``
-(for tests).
+and ``cp`` (context parallelism), ``timeline`` (where the kernels of one step run),
+``rounds`` (the data-parallel layouts timed in alternating rounds,
+:mod:`~fp8lab.parallel.tasks_rounds`), ``sleep`` (for tests).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 import time
 import traceback
 
-from fp8lab.parallel import tasks_checks, tasks_speed
+from fp8lab.parallel import tasks_checks, tasks_rounds, tasks_speed
 from fp8lab.parallel.arguments import parse
 from fp8lab.parallel.machine import machine_record
 from fp8lab.parallel.process import Context, clean, error_text, setup, teardown, write_json
@@ -39,6 +40,7 @@ TASKS = {
     "cp_check": tasks_checks.task_cp_check,
     "cp": tasks_speed.task_cp,
     "timeline": tasks_speed.task_timeline,
+    "rounds": tasks_rounds.task_rounds,
     "sleep": tasks_speed.task_sleep,
 }
 
