@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 
 import numpy as np
 import torch
 
-from fp8lab import checks
+from fp8lab import checks, flops
 from fp8lab import corpus as text
 from fp8lab.e2e import steps as stepping
 from fp8lab.e2e.bench import Bench
@@ -50,7 +51,7 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}".splitlines()[0][:300]
 
 
-def _build_step(bench: Bench, model: str, name: str, graphs: bool):
+def build_step(bench: Bench, model: str, name: str, graphs: bool):
     """``(step, what ran)``: one setting of ``model`` built from the shared weights, captured
     as CUDA graphs where ``graphs`` asks and this stack allows."""
     setting, plan = SETTINGS[name], bench.plan(model)
@@ -78,7 +79,7 @@ def _build_step(bench: Bench, model: str, name: str, graphs: bool):
 def _first_steps(bench: Bench, model: str, name: str, graphs: bool, warmup: int):
     """Build ``name`` and take its warm-up steps; where the graphed form fails on its first
     steps, record why and fall back to the form without graphs."""
-    step, what = _build_step(bench, model, name, graphs)
+    step, what = build_step(bench, model, name, graphs)
     try:
         for _ in range(max(1, warmup)):
             step()
@@ -88,7 +89,7 @@ def _first_steps(bench: Bench, model: str, name: str, graphs: bool, warmup: int)
             raise
         refused = f"{what['graphs']}: {_one_line(error)}"
     del step
-    step, what = _build_step(bench, model, name, graphs=False)
+    step, what = build_step(bench, model, name, graphs=False)
     for _ in range(max(1, warmup)):
         step()
     return step, {**what, "refused": refused}
@@ -155,8 +156,11 @@ def measure(bench: Bench, models=MODELS, rounds=None, steps=None, warmup=5, log=
             begin = time.perf_counter()
             groups.append(time_group(bench, model, runnable, model_rounds, model_steps, warmup))
             log(f"{model} {', '.join(runnable)}: {time.perf_counter() - begin:.0f} s")
+        cfg = bench.config(model)
         record["models"][model] = {
+            "config": asdict(cfg),
             "tokens_per_step": plan.tokens_per_step,
+            "flops_per_step": flops.training_flops(cfg, plan.batch, plan.seq, causal=True),
             "graphs": GRAPHED[model] and bench.on_gpu,
             "rounds": model_rounds,
             "steps": model_steps,
