@@ -80,6 +80,16 @@ def test_the_measurement_runs_on_the_reference_without_what_it_cannot_run(tmp_pa
     with pytest.raises(ValueError, match="rounds"):
         e2e_speed.measure(bench, ("small",), rounds=1)
 
+    def out_of_memory(*args):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(e2e_speed, "time_group", out_of_memory)
+    out = tmp_path / "speed.json"
+    failed = e2e_speed.measure_and_write(bench, ("small",), out, log=lambda _: None)
+    (group,) = failed["models"]["small"]["groups"]  # on record, and the file is written
+    assert group["error"] == "RuntimeError: CUDA out of memory" and out.exists()
+    assert e2e_speed.ratio(failed, "small", "te-delayed") is None
+
 
 @pytest.mark.parametrize(
     "argv",

@@ -132,7 +132,7 @@ def speed_table(record: dict) -> pd.DataFrame:
     for model, entry in (record or {}).get("models", {}).items():
         for group in entry["groups"]:
             for name in group["settings"]:
-                if (model, SETTINGS[name].label) in rows:
+                if (model, SETTINGS[name].label) in rows or name not in group["ms_per_step"]:
                     continue
                 device_ms = float(np.median(group["ms_per_step"][name]))
                 found = ratio(record, model, name) or {}

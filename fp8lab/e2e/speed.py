@@ -154,7 +154,13 @@ def measure(bench: Bench, models=MODELS, rounds=None, steps=None, warmup=5, log=
         for group in GROUPS[model]:
             runnable = tuple(n for n in group if bench.on_gpu or SETTINGS[n].gpu_only is None)
             begin = time.perf_counter()
-            groups.append(time_group(bench, model, runnable, model_rounds, model_steps, warmup))
+            try:
+                timed = time_group(bench, model, runnable, model_rounds, model_steps, warmup)
+            except Exception as error:  # a group that cannot run here: on record, not fatal
+                timed = {"settings": list(runnable), "ms_per_step": {}, "host_ms_per_step": {}}
+                timed.update(what_ran={}, error=_one_line(error))
+                bench.release()
+            groups.append(timed)
             log(f"{model} {', '.join(runnable)}: {time.perf_counter() - begin:.0f} s")
         cfg = bench.config(model)
         record["models"][model] = {
@@ -205,15 +211,21 @@ def stamp(record: dict, seconds: float) -> dict | None:
 
 
 def measure_and_write(bench: Bench, models, out, rounds=None, steps=None, log=print) -> dict:
-    """:func:`measure`, with the corpus, the device and the :func:`stamp`, written to ``out``
-    (JSON); returns the record."""
-    begin = time.perf_counter()
-    record = measure(bench, tuple(models), rounds=rounds, steps=steps, log=log)
-    record["corpus"] = bench.corpus.describe()
-    record["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    record["stamp"] = stamp(record, time.perf_counter() - begin)
+    """:func:`measure`, with the corpus, the device and the :func:`stamp` (once every model is
+    measured), written to ``out`` (JSON) after each model; returns the record."""
+    begin, record = time.perf_counter(), None
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    for model in models:  # written after each model: a run cut short keeps what it measured
+        part = measure(bench, (model,), rounds=rounds, steps=steps, log=log)
+        record = (
+            part if record is None else {**record, "models": {**record["models"], **part["models"]}}
+        )
+        record["corpus"] = bench.corpus.describe()
+        record["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        record["stamp"] = None
+        if model == models[-1]:
+            record["stamp"] = stamp(record, time.perf_counter() - begin)
+        out.write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 
