@@ -69,8 +69,21 @@ TOKENIZER_RECIPE = "bytelevel-bpe-1"
 VOCAB_MULTIPLE = 128
 
 
+SPLITS = ("file", "package")
+
+
+def _split_key(relative_path: str, split_by: str) -> str:
+    """What decides a file's split: its path, or its top-level package (``encodings/cp437.py``
+    -> ``encodings``; a module at the top, ``json.py``, is its own package)."""
+    if split_by == "file":
+        return relative_path
+    head, _, rest = relative_path.partition("/")
+    return head if rest else head.removesuffix(".py")
+
+
 def _is_validation(relative_path: str, share: float) -> bool:
-    """A file's split, from a hash of its path alone: stable when other files come or go."""
+    """A file's split, from a hash of its path (or package) alone: stable when other files come
+    or go."""
     digest = hashlib.sha256(relative_path.encode()).hexdigest()
     return int(digest[:8], 16) / 16**8 < share
 
@@ -146,16 +159,31 @@ def _source_files(root: Path) -> list[tuple[str, Path]]:
     return sorted(found)
 
 
+def _digest(chosen: dict[bool, list[tuple[str, bytes]]]) -> str:
+    """SHA-256 over every file's split, path and bytes."""
+    digest = hashlib.sha256()
+    for validation in (False, True):
+        for relative, data in chosen[validation]:
+            digest.update((b"V" if validation else b"T") + relative.encode() + b"\0" + data + b"\0")
+    return digest.hexdigest()
+
+
 def stdlib_corpus(
-    validation_share: float = 0.05, max_bytes: int | None = None, root: str | Path | None = None
+    validation_share: float = 0.05,
+    max_bytes: int | None = None,
+    root: str | Path | None = None,
+    split_by: str = "file",
 ) -> Corpus:
     """The standard library of the running interpreter as a corpus (or of ``root``, any folder).
 
-    ``validation_share`` of the files (by a hash of their path) are held out. ``max_bytes``
-    keeps a slice for quick runs: files in path order, skipping any that would overflow the
-    split's share of the budget, at least one file per split.
+    ``validation_share`` of the files (by a hash of their path) are held out; with
+    ``split_by="package"``, of the top-level packages (a hash of the package's name), so that
+    near-duplicate files of one package (the codec tables of ``encodings/``) never sit on both
+    sides. ``max_bytes`` keeps a slice for quick runs: files in path order, skipping any that
+    would overflow the split's share of the budget, at least one file per split.
     """
     share = checks.number("validation_share", validation_share, positive=True, maximum=0.5)
+    checks.choice("split_by", split_by, SPLITS)
     if max_bytes is not None:
         max_bytes = checks.integer("max_bytes", max_bytes)
     if root is None:
@@ -171,7 +199,7 @@ def stdlib_corpus(
     chosen: dict[bool, list[tuple[str, bytes]]] = {False: [], True: []}
     used = {False: 0, True: 0}
     for relative, path in _source_files(root):
-        validation = _is_validation(relative, share)
+        validation = _is_validation(_split_key(relative, split_by), share)
         size = path.stat().st_size
         if budgets is not None and used[validation] + size > budgets[validation]:
             continue
@@ -184,10 +212,7 @@ def stdlib_corpus(
                 if max_bytes is not None
                 else f"root={str(root)!r}: has no .py file for the {name} split"
             )
-    digest = hashlib.sha256()
-    for validation in (False, True):
-        for relative, data in chosen[validation]:
-            digest.update((b"V" if validation else b"T") + relative.encode() + b"\0" + data + b"\0")
+    digest = _digest(chosen)
 
     def texts(validation):
         return tuple(data.decode("utf-8", errors="replace") for _, data in chosen[validation])
@@ -201,7 +226,7 @@ def stdlib_corpus(
         validation_texts=texts(True),
         train_bytes=sum(len(data) for _, data in chosen[False]),
         validation_bytes=sum(len(data) for _, data in chosen[True]),
-        sha256=digest.hexdigest(),
+        sha256=digest,
     )
 
 

@@ -25,7 +25,7 @@ def _bench(preset, device, corpus, tokenizer):
 ENTRIES = {
     "e2e.parse_runs": Entry(
         e2e.parse_runs,
-        {"runs": maybe(st.sampled_from(["bf16", "bf16:1, te-delayed", "te-block:2,ao-rowwise"]))},
+        {"runs": maybe(st.sampled_from(["bf16", "bf16:1, te-delayed", "te-current:2,te-delayed-calibrated"]))},
         examples=20,
     ),
     "e2e.model_config": Entry(

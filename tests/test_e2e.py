@@ -1,5 +1,6 @@
-"""Chapter 09's long runs: the committed result files come from the GPU lane and from the code
-here now; the models, the schedule and the run itself (at smoke size, on the CPU reference)."""
+"""Chapter 09's accuracy runs: the committed result files come from the GPU lane and from the
+code here now; the models, the split, the schedule, the run itself (at smoke size, on the CPU
+reference) and the paired statistics."""
 
 import json
 import math
@@ -34,11 +35,27 @@ def test_committed_outputs_come_from_the_gpu_lane(name):
     assert record["steps_run"] == record["steps_planned"] or record["error"]
 
 
-def test_the_plan_covers_both_models_and_every_setting():
-    assert len(EXPECTED) == len(e2e.MODELS) * sum(len(g) for g in e2e.GROUPS.values()) == 22
-    settings = {name.split("__")[1] for name in EXPECTED}
-    assert settings == set(e2e.SETTINGS)
-    assert {f"small__bf16__seed{s}.json" for s in e2e.BAND_SEEDS} <= set(EXPECTED)
+def test_the_plan_pairs_every_fp8_setting_with_bf16_over_five_seeds():
+    assert len(e2e.SEEDS) >= 5
+    assert len(EXPECTED) == len(e2e.ACCURACY_SETTINGS) * len(e2e.SEEDS)
+    assert {name.split("__")[0] for name in EXPECTED} == {"small"}
+    for setting in e2e.ACCURACY_SETTINGS:
+        assert {f"small__{setting}__seed{s}.json" for s in e2e.SEEDS} <= set(EXPECTED)
+    assert {"te-delayed", "te-current"} <= set(e2e.ACCURACY_SETTINGS)
+
+
+def test_the_split_keeps_each_package_on_one_side():
+    """Split by package, the near-duplicate codec tables of encodings/ cannot straddle the split
+    (split by file, a twentieth of them would sit in validation)."""
+    from fp8lab import corpus as text
+
+    corpus = text.stdlib_corpus(split_by=e2e.SPLIT_BY)
+    sides = {}
+    for side, files in (("train", corpus.train_files), ("validation", corpus.validation_files)):
+        for path in files:
+            sides.setdefault(path.split("/")[0] if "/" in path else path, set()).add(side)
+    assert all(len(found) == 1 for found in sides.values())
+    assert not any(path.startswith("encodings/") for path in corpus.validation_files)
 
 
 def test_the_small_model_is_gpt2_small():
@@ -63,7 +80,8 @@ def test_the_schedule_warms_up_then_follows_a_cosine():
     assert plan.lr_factor(middle) == pytest.approx(plan.min_lr_ratio + (1 - plan.min_lr_ratio) / 2)
     assert plan.lr_factor(plan.steps) == pytest.approx(plan.min_lr_ratio)
     assert plan.eval_points(plan.steps)[-1] == plan.steps
-    assert plan.eval_points(50) == [20, 40, 50]
+    assert plan.eval_points(50) == [30, 50]
+    assert plan.eval_points(plan.steps)[0] == plan.warmup_steps  # the yardstick after warm-up
 
 
 def test_run_lists_are_parsed_and_checked():
@@ -84,11 +102,12 @@ def bench(tmp_path_factory):
 
 def test_a_run_records_what_the_chapter_plots(bench, tmp_path):
     record = bench.run("small", "bf16", seed=0, steps=12)
-    assert record["steps_run"] == 12 and len(record["train_loss"]) == len(record["step_ms"]) == 12
-    assert record["validation"]["step"] == [10, 12]
+    assert record["steps_run"] == 12 and len(record["train_loss"]) == 12
+    assert record["validation"]["step"] == [3, 10, 12]  # warm-up end, every 10, the end
+    assert record["interval_ms_per_step"]["step"] == [3, 10, 12]
     assert record["train_loss"][-1] < record["train_loss"][0]
     assert record["corpus"]["sha256"] == bench.corpus.sha256
-    assert record["throughput"]["tokens_per_s"] > 0 and record["throughput"]["mfu"] is None
+    assert record["corpus"]["split_by"] == "package" and record["schema"] == e2e.SCHEMA
     assert record["stamp"] is None and record["error"] is None  # a CPU run is never stamped
     path = e2e.write_record(record, tmp_path)
     assert path.name == "small__bf16__seed0.json"
@@ -107,59 +126,38 @@ def test_runs_start_from_the_same_weights_and_batches(bench):
 
 
 def test_gpu_settings_are_refused_on_the_cpu_with_the_reason(bench):
-    assert e2e.SETTINGS["te-fastest"].gpu_only is None  # it falls back instead
     with pytest.raises(ValueError, match="needs a GPU"):
-        bench.run("small", "ao-rowwise", steps=2)
+        bench.run("small", "torch-bf16-compiled", steps=2)
 
 
-def test_the_fastest_setting_falls_back_variant_by_variant(bench, monkeypatch):
-    """A variant that cannot take its first step gives way to the next, and the record says
-    why. On the CPU reference FP8 attention raises and FP8 weights are refused in this test, so
-    all three fail; with FP8 attention made harmless the last variant trains."""
-    build = bench._build
-
-    def without_fp8_weights(model, setting, fp8_recipe, fp8_weights):
-        if fp8_weights:
-            raise NotImplementedError("FP8 weights are not tried in this test")
-        return build(model, setting, fp8_recipe, fp8_weights)
-
-    monkeypatch.setattr(bench, "_build", without_fp8_weights)
-    record = bench.run("small", "te-fastest", steps=3)
-    assert record["error"].startswith("could not take a first step")
-    assert len(record["notes"]) == 3 and "FP8 attention" in record["notes"][-1]
-    monkeypatch.setattr(
-        bench,
-        "_fp8_recipe",
-        lambda setting, fp8_attention: bench.recipe.DelayedScaling(),
-    )
-    record = bench.run("small", "te-fastest", steps=3)
-    assert record["error"] is None and len(record["notes"]) == 2
-    assert record["what_ran"]["fp8_attention"] is True and record["steps_run"] == 3
-
-
-def test_fp8_weights_keep_the_exact_initial_weights_as_masters(bench):
-    """FP8 weights are rounded copies; the optimizer's FP32 masters must be the shared initial
-    weights themselves, or the FP8-weights run would start from another point. (On the CPU
-    reference: its FusedAdam stand-in and FP8 weights as decoded values.)"""
-    from fp8lab.layers import canonical_state_dict
-
-    model, optimizer, _ = bench._build(
-        "small", e2e.SETTINGS["te-fastest"], bench.recipe.DelayedScaling(), True
-    )
-    reference = bench.reference("small")
-    fc1 = model.layers[0].layer.layernorm_mlp.fc1_weight
-    master = optimizer.state[fc1]["master_param"]
-    assert torch.equal(master, canonical_state_dict(reference.layers[0])["fc1.weight"])
-    assert torch.equal(optimizer.state[model.embed.weight]["master_param"], reference.embed.weight)
-    assert not torch.equal(fc1.float(), master)  # the parameter itself is rounded
-
-
-def test_the_fastest_form_falls_back_past_fp8_attention_on_the_reference(bench):
-    record = bench.run("small", "te-fastest", steps=4)  # the reference refuses FP8 attention
-    assert record["error"] is None and len(record["notes"]) == 1
-    assert "fp8_dpa" in record["notes"][0]
-    assert record["what_ran"]["fp8_weights"] and not record["what_ran"]["fp8_attention"]
+def test_the_calibrated_setting_changes_only_its_delayed_scaling(bench):
+    plain = bench._fp8_recipe(e2e.SETTINGS["te-delayed"])
+    fixed = bench._fp8_recipe(e2e.SETTINGS["te-delayed-calibrated"])
+    assert (plain.amax_history_len, plain.amax_compute_algo) == (1024, "max")  # TE's defaults
+    assert (fixed.amax_history_len, fixed.amax_compute_algo) == (16, "most_recent")
+    record = bench.run("small", "te-delayed-calibrated", steps=4)
+    assert record["error"] is None and record["what_ran"]["calibration_step"]
     assert all(math.isfinite(v) for v in record["train_loss"])
+
+
+def test_paired_differences_are_judged_against_the_margin():
+    from fp8lab.e2e import stats
+
+    base = {seed: 4.0 + 0.01 * seed for seed in range(5)}
+    close = {seed: v + 0.001 * (-1) ** seed for seed, v in base.items()}
+    far = {seed: v + 0.2 + 0.001 * seed for seed, v in base.items()}
+    assert stats.paired_difference(close, base, margin=0.02)["verdict"] == "equivalent"
+    worse = stats.paired_difference(far, base, margin=0.02)
+    assert worse["verdict"] == "worse" and worse["low"] > 0.02 and worse["seeds"] == [0, 1, 2, 3, 4]
+    noisy = {seed: v + (0.1 if seed % 2 else -0.1) for seed, v in base.items()}
+    assert stats.paired_difference(noisy, base, margin=0.02)["verdict"] == "undecided"
+    assert stats.paired_difference({0: 4.0}, base, margin=0.02)["low"] is None
+    band = stats.seed_band(base)
+    assert band["low"] == 4.0 and band["high"] == pytest.approx(4.04) and band["sd"] > 0
+    with pytest.raises(ValueError, match="margin"):
+        stats.paired_difference(close, base, margin=-1.0)
+    with pytest.raises(TypeError, match="setting"):
+        stats.paired_difference([4.0], base, margin=0.02)
 
 
 def test_a_stamp_covers_this_script_and_the_library_it_imports(tmp_path, monkeypatch, fake_machine):
@@ -230,13 +228,16 @@ def _cli(*argv):
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--model", "medium", "--group", "te"],
-        ["--model", "small", "--group", "gpus"],
-        ["--model", "small", "--runs", "bf17"],
-        ["--model", "small", "--runs", "bf16:x"],
-        ["--model", "small", "--group", "te", "--steps", "0"],
+        ["--model", "medium", "--group", "accuracy"],
+        ["--model", "large", "--group", "accuracy"],
+        ["--group", "gpus"],
+        ["--runs", "bf17"],
+        ["--runs", "bf16:x"],
+        ["--group", "accuracy", "--steps", "0"],
         ["--model", "small"],
-        ["--model", "small", "--group", "te", "--budget-s", "-1"],
+        ["--group", "accuracy", "--budget-s", "-1"],
+        ["--group", "accuracy", "--seeds", "9"],
+        ["--group", "accuracy", "--seeds", "x"],
     ],
 )
 def test_the_command_line_refuses_bad_flags_without_a_traceback(argv):

@@ -1,5 +1,6 @@
 """Chapter 09's alternated speed measurement: the committed file comes from the GPU lane and
-the code here now; ratios are per-round ratios; the measurement runs at smoke size."""
+the code here now; every setting it times is graphed on the small model or says why not; ratios
+are per-round ratios; the measurement runs at smoke size."""
 
 import json
 
@@ -18,23 +19,25 @@ def test_the_committed_speed_file_comes_from_the_gpu_lane():
     assert path.exists(), "no e2e_speed.json; on a GPU box run python -m tools.e2e_speed"
     record = json.loads(path.read_text())
     assert lane.record_status(record.get("stamp"), path.name).broken == ()
+    assert record["schema"] == e2e_speed.SCHEMA
     for model, groups in e2e_speed.GROUPS.items():
-        measured = [group["settings"] for group in record["models"][model]["groups"]]
-        assert measured == [list(group) for group in groups]
-        long_run = json.loads(
-            (e2e.RESULTS_DIR / e2e.result_name(model, "te-fastest", 0)).read_text()
-        )
-        for group in record["models"][model]["groups"]:
+        entry = record["models"][model]
+        assert [group["settings"] for group in entry["groups"]] == [list(g) for g in groups]
+        assert entry["graphs"] == e2e_speed.GRAPHED[model]
+        for group in entry["groups"]:
             for name, ran in group["what_ran"].items():
-                if name == "te-fastest":  # the same variant as the long run
-                    assert ran["fp8_attention"] == long_run["what_ran"]["fp8_attention"]
-                    assert ran["fp8_weights"] == long_run["what_ran"]["fp8_weights"]
+                # graphed where asked, or the reason it was refused is on record
+                assert not entry["graphs"] or ran["graphs"] or ran["refused"], (model, name)
 
 
-def test_every_group_holds_the_anchor_and_every_setting_is_measured():
+def test_every_group_holds_the_anchor_and_every_accuracy_checked_fp8_setting():
+    """The speed headline may only use settings whose accuracy the small model establishes."""
+    fp8 = {name for name in e2e.ACCURACY_SETTINGS if e2e.SETTINGS[name].fp8}
     for groups in e2e_speed.GROUPS.values():
         assert all(group[0] == e2e_speed.ANCHOR for group in groups)
-        assert {name for group in groups for name in group} == set(e2e.SETTINGS)
+        timed = {name for group in groups for name in group}
+        assert "torch-bf16-compiled" in timed
+        assert {n for n in timed if e2e.SETTINGS[n].fp8} <= fp8
 
 
 def test_a_ratio_is_taken_round_by_round_within_one_group():
@@ -59,7 +62,7 @@ def test_a_ratio_is_taken_round_by_round_within_one_group():
     assert e2e_speed.ratio(record, "large", "te-block")["median"] == pytest.approx(1.5)
     assert e2e_speed.ratio(record, "large", "te-block", "te-delayed") is None
     assert e2e_speed.tokens_per_s(record, "large", "te-delayed") == pytest.approx(1000 / 0.08)
-    assert e2e_speed.tokens_per_s(record, "large", "ao-rowwise") is None
+    assert e2e_speed.tokens_per_s(record, "large", "te-current") is None
 
 
 def test_the_measurement_runs_on_the_reference_without_what_it_cannot_run(tmp_path, monkeypatch):
@@ -67,21 +70,25 @@ def test_the_measurement_runs_on_the_reference_without_what_it_cannot_run(tmp_pa
     bench = e2e.Bench("smoke", device="cpu", log=None)
     record = e2e_speed.measure(bench, ("small",), rounds=2, steps=1, warmup=0, log=lambda _: None)
     (group,) = record["models"]["small"]["groups"]
-    assert group["settings"] == [
-        "bf16",
-        "te-delayed",
-        "te-current",
-        "te-block",
-        "te-fastest",
-        "torch-bf16",
-    ]
-    assert group["what_ran"]["te-fastest"]["fp8_attention"] is False  # refused by the reference
-    assert group["what_ran"]["te-fastest"]["fp8_weights"] is True
+    assert group["settings"] == ["bf16", "te-delayed", "te-current"]  # no compiling here
+    assert record["models"]["small"]["graphs"] is False  # no CUDA graphs off the GPU
+    assert all(ran == {"graphs": None, "refused": None} for ran in group["what_ran"].values())
     assert all(len(times) == 2 and min(times) > 0 for times in group["ms_per_step"].values())
+    assert set(group["host_ms_per_step"]) == set(group["ms_per_step"])
     assert e2e_speed.ratio(record, "small", "bf16")["median"] == 1.0
     assert e2e_speed.stamp(record, 1.0) is None
     with pytest.raises(ValueError, match="rounds"):
         e2e_speed.measure(bench, ("small",), rounds=1)
+
+    def out_of_memory(*args):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(e2e_speed, "time_group", out_of_memory)
+    out = tmp_path / "speed.json"
+    failed = e2e_speed.measure_and_write(bench, ("small",), out, log=lambda _: None)
+    (group,) = failed["models"]["small"]["groups"]  # on record, and the file is written
+    assert group["error"] == "RuntimeError: CUDA out of memory" and out.exists()
+    assert e2e_speed.ratio(failed, "small", "te-delayed") is None
 
 
 @pytest.mark.parametrize(

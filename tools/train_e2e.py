@@ -1,19 +1,18 @@
-"""Chapter 09's long runs: two GPTs trained on real text in BF16 and in every FP8 setting.
+"""Chapter 09's accuracy runs: the small GPT trained on real text in TE BF16 and in each FP8
+setting, over five data-order seeds.
 
 The command line of :mod:`fp8lab.e2e` (what is trained and how: :mod:`fp8lab.e2e.settings`; one
-run: :mod:`fp8lab.e2e.run`). Run it on a GPU box, one group per command (each under ten minutes
-on one H200)::
+run: :mod:`fp8lab.e2e.run`). Run it on a GPU box, the seeds split over two commands of a few
+minutes each on one H100::
 
-    python -m tools.train_e2e --model small --group te --out DIR
-    python -m tools.train_e2e --model small --group torch --out DIR
-    python -m tools.train_e2e --model large --group te --out DIR
-    python -m tools.train_e2e --model large --group torch --out DIR
+    python -m tools.train_e2e --group accuracy --seeds 0,1,2 --out DIR
+    python -m tools.train_e2e --group accuracy --seeds 3,4 --out DIR
     python -m tools.train_e2e --plan                       # models, plans, FLOPs, commands
 
 and commit the files of ``DIR`` under ``tests/gpu_results/e2e/``. ``--runs bf16:1,te-delayed``
 runs single settings; ``--steps N`` stops early (such a file is not stamped: only full runs are
 results). A command skips the runs that would not finish inside ``--budget-s`` and prints the
-command that runs them.
+command that runs them. The large model is measured for speed only (``tools.e2e_speed``).
 """
 
 from __future__ import annotations
@@ -32,8 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tools.train_e2e", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--model", choices=e2e.MODELS)
+    parser.add_argument("--model", default=e2e.ACCURACY_MODEL, choices=e2e.MODELS)
     parser.add_argument("--group", choices=sorted(e2e.GROUPS))
+    parser.add_argument("--seeds", help="with --group: only these seeds, e.g. 0,1,2")
     parser.add_argument("--runs", help="comma-separated setting[:seed], e.g. bf16:1,te-delayed")
     parser.add_argument("--steps", type=int, help="stop early (the file is then not stamped)")
     parser.add_argument("--out", type=Path, default=e2e.RESULTS_DIR)
@@ -46,8 +46,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if not args.plan and (args.model is None or (args.group is None) == (args.runs is None)):
-        parser.error("give --model and one of --group or --runs (or --plan)")
+    if not args.plan and (args.group is None) == (args.runs is None):
+        parser.error("give one of --group or --runs (or --plan)")
+    if args.model != e2e.ACCURACY_MODEL and not args.plan:
+        parser.error(f"--model {args.model}: measured for speed only (python -m tools.e2e_speed)")
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps {args.steps}: must be a positive number of steps")
     if args.budget_s <= 0:
@@ -56,8 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         runs = e2e.parse_runs(
             ",".join(e2e.GROUPS[args.group]) if args.group else args.runs or "bf16"
         )
+        if args.seeds is not None:
+            keep = {int(seed) for seed in args.seeds.split(",")}
+            runs = [(name, seed) for name, seed in runs if seed in keep]
     except ValueError as error:
-        parser.error(f"--runs: {error}")
+        parser.error(f"--runs/--seeds: {error}")
+    if not runs:
+        parser.error(f"--seeds {args.seeds}: selects no run")
     begin = time.perf_counter()
     print(fp8lab.banner(), flush=True)
     bench = e2e.Bench(args.preset, log=lambda message: print(message, flush=True))

@@ -1,8 +1,10 @@
-"""Chapter 09's kit: two GPTs trained on real text in BF16 and in every FP8 setting, and their
-speed ratios measured in alternating rounds.
+"""Chapter 09's kit: a small GPT trained on real text in BF16 and in FP8 over five data-order
+seeds, and the speed ratios of a small and a large GPT measured in alternating rounds.
 
 * :mod:`~fp8lab.e2e.settings` -- the models, their plans, the settings and the groups of runs;
 * :mod:`~fp8lab.e2e.build` -- one setting's recipe, model (shared initial weights) and optimizer;
+* :mod:`~fp8lab.e2e.steps` -- the step without host syncs, calibration, CUDA-graph forms;
+* :mod:`~fp8lab.e2e.stats` -- paired differences over seeds, their intervals and verdicts;
 * :mod:`~fp8lab.e2e.bench` -- :class:`Bench`: corpus, tokenizer, token streams and initial
   weights, built once; :meth:`Bench.run` trains one model in one setting;
 * :mod:`~fp8lab.e2e.run` -- one long run and its result record; the runs of one command;
@@ -30,16 +32,18 @@ from fp8lab.e2e.results import (  # noqa: F401
     write_record,
 )
 from fp8lab.e2e.run import FirstStepFailed, describe_plan, run_all  # noqa: F401
-from fp8lab.e2e.settings import (  # noqa: F401  # noqa: F401
-    BAND_SEEDS,
+from fp8lab.e2e.settings import (  # noqa: F401
+    ACCURACY_MODEL,
+    ACCURACY_SETTINGS,
     CORPUS,
-    FASTEST_VARIANTS,
     GROUPS,
     MODELS,
     PLANS,
     PRESETS,
     SCHEMA,
+    SEEDS,
     SETTINGS,
+    SPLIT_BY,
     CorpusSpec,
     Plan,
     Setting,
@@ -48,7 +52,7 @@ from fp8lab.e2e.settings import (  # noqa: F401  # noqa: F401
 )
 
 __all__ = [
-    "BAND_SEEDS",
+    "SEEDS",
     "CORPUS",
     "GROUPS",
     "MODELS",

@@ -10,13 +10,21 @@ from collections.abc import Callable
 import torch
 
 import fp8lab
-from fp8lab import checks, training
+from fp8lab import checks
 from fp8lab import corpus as text
 from fp8lab.config import TransformerConfig, pad_vocab
 from fp8lab.e2e import build
 from fp8lab.e2e.results import run_stamp
 from fp8lab.e2e.run import run
-from fp8lab.e2e.settings import CORPUS, MODELS, PLANS, PRESETS, SETTINGS, Plan, model_config
+from fp8lab.e2e.settings import (
+    CORPUS,
+    MODELS,
+    PLANS,
+    PRESETS,
+    SPLIT_BY,
+    Plan,
+    model_config,
+)
 from fp8lab.models import GPT
 
 
@@ -54,7 +62,7 @@ class Bench:
         self.on_gpu = env.uses_real_te and self.device.type == "cuda"
         self.log = log or (lambda message: None)
         spec = CORPUS[self.preset]
-        self.corpus = corpus or text.stdlib_corpus(max_bytes=spec.max_bytes)
+        self.corpus = corpus or text.stdlib_corpus(max_bytes=spec.max_bytes, split_by=SPLIT_BY)
         self.tokenizer = tokenizer or text.train_tokenizer(self.corpus, spec.vocab_size)
         self.vocab_size = pad_vocab(self.tokenizer.get_vocab_size(), text.VOCAB_MULTIPLE)
         self.train_tokens = text.token_stream(self.corpus, self.tokenizer, "train")
@@ -98,18 +106,19 @@ class Bench:
         loader = text.PackedLoader(self.train_tokens, plan.batch, plan.seq)
         return plan.steps / len(loader)
 
-    def _fp8_recipe(self, setting, fp8_attention: bool):
-        return build.fp8_recipe(self.recipe, setting, fp8_attention)
+    def _fp8_recipe(self, setting):
+        return build.fp8_recipe(self.recipe, setting)
 
-    def _build(self, model_name: str, setting, fp8_recipe, fp8_weights: bool):
+    def _build(self, model_name: str, setting, fp8_recipe, graphs: bool = False):
         """``(model, optimizer, what trains)``: the model in ``setting``'s form with the shared
-        initial weights; what trains is the compiled model where the setting compiles."""
+        initial weights; what trains is the model with its loss, compiled where the setting
+        compiles (with CUDA graphs where ``graphs``)."""
         cfg, plan = self.config(model_name), self.plan(model_name)
         reference = self.reference(model_name)
         if setting.form == "pytorch":
             self._compiled = self._compiled or setting.compile
-            return build.build_pytorch(cfg, plan, setting, reference, self.device)
-        return build.build_te(cfg, plan, self.te, reference, self.device, fp8_recipe, fp8_weights)
+            return build.build_pytorch(cfg, plan, setting, reference, self.device, graphs)
+        return build.build_te(cfg, plan, self.te, reference, self.device)
 
     def release(self) -> None:
         """Free the last run's memory and TE's global FP8 state, so runs do not see each other.
@@ -126,30 +135,6 @@ class Bench:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-    def step_function(self, model: str, setting, seed: int = 0) -> Callable[[], object]:
-        """A callable that trains ``model`` in ``setting`` (a name, or a
-        :class:`~fp8lab.e2e.settings.Setting` given whole) for one more step at the peak
-        learning rate, for a profiler or a speed round; call :meth:`release` when done."""
-        checks.choice("model", model, MODELS)
-        if isinstance(setting, str):
-            setting = SETTINGS[checks.choice("setting", setting, SETTINGS)]
-        if setting.gpu_only and not self.on_gpu:
-            raise ValueError(f"setting={setting.name!r}: needs a GPU with TE ({setting.gpu_only})")
-        plan = self.plan(model)
-        fp8_recipe = self._fp8_recipe(setting, setting.fp8_attention)
-        _, optimizer, trained = self._build(model, setting, fp8_recipe, setting.fp8_weights)
-        fp8 = {"te": self.te, "fp8_recipe": fp8_recipe} if fp8_recipe is not None else {}
-        loader = text.PackedLoader(
-            self.train_tokens, plan.batch, plan.seq, seed=seed, device=self.device
-        )
-        batches = iter(loader)
-        options = training.StepOptions(max_grad_norm=plan.max_grad_norm)
-
-        def step():
-            return training.train(trained, [next(batches)], optimizer, options=options, **fp8)
-
-        return step
 
     def run(self, model: str, setting: str, seed: int = 0, steps: int | None = None) -> dict:
         """Train ``model`` in ``setting`` with data order ``seed`` for ``steps`` (default: the

@@ -1,5 +1,5 @@
 """Chapter 09's result files: one small JSON file per run, where they live, what they are
-called, the throughput summary they carry, and the stamp that says which code made them.
+called, and the stamp that says which code made them.
 
 On a GPU with Transformer Engine and the full preset, a run of the whole plan is stamped like
 the chapters (:func:`fp8lab.stamp.stamp_record`), over the fp8lab modules this kit imports and
@@ -12,9 +12,8 @@ import json
 import math
 from pathlib import Path
 
-from fp8lab import checks, flops
-from fp8lab.e2e.settings import GROUPS, MODELS, Plan, Setting, parse_runs
-from fp8lab.speedometer import Timing
+from fp8lab import checks
+from fp8lab.e2e.settings import ACCURACY_MODEL, GROUPS, parse_runs
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 RESULTS_DIR = ROOT / "tests" / "gpu_results" / "e2e"
@@ -27,10 +26,9 @@ def result_name(model: str, setting: str, seed: int) -> str:
 
 
 def expected_files() -> list[str]:
-    """The result files of the whole plan: both models, every run of every group."""
+    """The result files of the whole plan: every accuracy run (the small model)."""
     return [
-        result_name(model, setting, seed)
-        for model in MODELS
+        result_name(ACCURACY_MODEL, setting, seed)
         for group in GROUPS.values()
         for setting, seed in parse_runs(",".join(group))
     ]
@@ -87,44 +85,3 @@ def run_stamp(record: dict, on_gpu: bool, preset: str) -> dict | None:
     from fp8lab import stamp
 
     return stamp.stamp_record(result_modules(), run_seconds=record["wall_s"])
-
-
-def throughput(cfg, plan: Plan, setting: Setting, seconds: list, peak_allocated, device) -> dict:
-    """Tokens/s and MFU of the whole step over the timed steps (the first ``timing_warmup``
-    left out), or ``None`` with fewer than two steps. MFU needs the GPU's datasheet peak."""
-    if len(seconds) < 2:
-        return None
-    skip = min(plan.timing_warmup, len(seconds) - 1)
-    dtype = "fp8" if setting.fp8 else "bf16"
-    peak = None
-    if device.type == "cuda":
-        from fp8lab.datasheet import gpu_spec
-
-        try:
-            peak = gpu_spec().peak_tflops(dtype)
-        except ValueError:  # a GPU without a datasheet entry: no MFU, the rest stands
-            peak = None
-    timing = Timing(
-        setting.name,
-        tuple(s * 1e3 for s in seconds[skip:]),
-        device.type,
-        mode="step",
-        warmup=skip,
-        tokens=plan.tokens_per_step,
-        flops=flops.training_flops(cfg, plan.batch, plan.seq, causal=True),
-        peak_tflops=peak,
-        peak_memory_bytes=peak_allocated,
-    )
-    return {
-        "median_ms": timing.median_ms,
-        "spread": timing.spread,
-        "steps_timed": timing.iters,
-        "first_step_s": seconds[0],
-        "tokens_per_step": plan.tokens_per_step,
-        "tokens_per_s": timing.tokens_per_s,
-        "flops_per_step": timing.flops,
-        "model_tflops": timing.tflops,
-        "mfu": timing.mfu,
-        "mfu_peak_dtype": dtype,
-        "mfu_peak_tflops": peak,
-    }

@@ -1,15 +1,13 @@
 """One long run of chapter 09: train one model in one setting and return its result record.
 
-The training step is :func:`fp8lab.training.train` (its :func:`~fp8lab.training.train_step`
-with gradient clipping), called once per evaluation interval, with ``on_step`` advancing the
-learning-rate schedule and taking the step's wall time. Each record holds the training loss of
-every step, the validation loss every ``eval_every`` steps, the wall time of every step,
-tokens/s and MFU of the whole step (data loading, forward, backward and optimizer; validation
-excluded), peak memory, what exactly ran (recipe, attention and weight precision, optimizer,
-compilation) and the corpus and tokenizer it ran on.
-
-The fastest TE form tries its variants in order (:data:`~fp8lab.e2e.settings.FASTEST_VARIANTS`):
-one that cannot take its first step here gives way to the next, and the record says why.
+The step is :func:`fp8lab.e2e.steps.step`: the host never waits for the device inside an
+evaluation interval (losses stay on the device, :class:`~fp8lab.e2e.steps.LossLog`), and the
+learning-rate schedule advances on the host. After each interval the run reads the losses back,
+measures the validation loss and the interval's wall time. Each record holds the training loss
+of every step, the validation loss at the end of the warm-up, every ``eval_every`` steps and at
+the end, the milliseconds per step of each interval (host and device together: a speed verdict
+comes from :mod:`fp8lab.e2e.speed`, not from these), peak memory, what exactly ran (recipe,
+calibration, optimizer, compilation) and the corpus and tokenizer it ran on.
 """
 
 from __future__ import annotations
@@ -19,14 +17,14 @@ import math
 import time
 from dataclasses import asdict
 
-import numpy as np
 import torch
 
-from fp8lab import checks, flops, training
+from fp8lab import checks, flops
 from fp8lab import corpus as text
+from fp8lab.e2e import steps as stepping
 from fp8lab.e2e.evaluation import evaluate
-from fp8lab.e2e.results import finite, throughput, write_record
-from fp8lab.e2e.settings import FASTEST_VARIANTS, GROUPS, MODELS, SCHEMA, SETTINGS, Setting
+from fp8lab.e2e.results import finite, write_record
+from fp8lab.e2e.settings import GROUPS, MODELS, SCHEMA, SETTINGS, SPLIT_BY, Setting
 
 
 class FirstStepFailed(RuntimeError):
@@ -52,7 +50,7 @@ def _header(bench, model: str, setting: str, seed: int, steps: int) -> dict:
         "plan": asdict(plan),
         "steps_planned": plan.steps,
         "steps_requested": steps,
-        "corpus": bench.corpus.describe(),
+        "corpus": {**bench.corpus.describe(), "split_by": SPLIT_BY},
         "tokenizer": {
             "vocab_size": bench.tokenizer.get_vocab_size(),
             "model_vocab_size": bench.vocab_size,
@@ -78,107 +76,99 @@ def run(bench, model: str, setting: str, seed: int = 0, steps: int | None = None
         raise ValueError(f"setting={setting!r}: needs a GPU with TE ({chosen.gpu_only})")
     begin = time.perf_counter()
     record = _header(bench, model, setting, seed, steps)
-    variants = (
-        FASTEST_VARIANTS
-        if setting == "te-fastest"
-        else ((chosen.fp8_attention, chosen.fp8_weights),)
-    )
-    for fp8_attention, fp8_weights in variants:
-        try:
-            record.update(
-                train_setting(bench, model, chosen, seed, steps, fp8_attention, fp8_weights)
-            )
-            break
-        except FirstStepFailed as failure:
-            record["notes"].append(
-                f"FP8 attention={fp8_attention}, FP8 weights={fp8_weights}: {failure}"
-            )
-            bench.release()
-    else:
-        record["error"] = "could not take a first step: " + " | ".join(record["notes"])
+    try:
+        record.update(train_setting(bench, model, chosen, seed, steps))
+    except FirstStepFailed as failure:
+        record["error"] = f"could not take a first step: {failure}"
     bench.release()
     record["wall_s"] = round(time.perf_counter() - begin, 1)
     record["stamp"] = bench._stamp(record)
     return record
 
 
+def _interval(bench, model_name, built, scheduler, loader, span, fp8, log) -> float:
+    """Train steps ``span[0]..span[1]`` without a host sync; return the wall seconds."""
+    _, optimizer, trained = built
+    norm = bench.plan(model_name).max_grad_norm
+    cuda = bench.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    begin = time.perf_counter()
+    for batch in loader.batches(span[1] - span[0], start=span[0]):
+        log.add(stepping.step(trained, batch, optimizer, norm, fp8))
+        scheduler.step()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - begin
+
+
 def _train_and_validate(bench, model_name, setting, steps, built, fp8, loader) -> dict:
-    """Train in chunks of ``eval_every`` steps, validating after each; stop at the first
-    non-finite loss or error. ``first_failure`` is set when not even the first step ran."""
+    """Train interval by interval, validating after each; stop at the first non-finite loss or
+    error. ``first_failure`` is set when not even the first interval ran."""
     model, optimizer, trained = built
     plan = bench.plan(model_name)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, plan.lr_factor)
     validation = bench.validation_batches(model_name)
-    options = training.StepOptions(max_grad_norm=plan.max_grad_norm)
-    seconds: list[float] = []
-    clock = [0.0]
-
-    def on_step(_model, _step):
-        seconds.append(time.perf_counter() - clock[0])
-        scheduler.step()
-        clock[0] = time.perf_counter()
-
-    if bench.device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    done = {"losses": [], "evaluated": [], "seconds": seconds, "error": None, "first_failure": None}
-    losses, evaluated = done["losses"], done["evaluated"]
+    log = stepping.LossLog(steps, bench.device)
+    done = {"evaluated": [], "interval_ms": [], "error": None, "first_failure": None}
+    if setting.calibrate:
+        stepping.calibrate(trained, next(iter(loader.batches(1))), optimizer, fp8)
+    start = 0
     for stop in plan.eval_points(steps):
-        start = len(losses)
         try:
-            clock[0] = time.perf_counter()
-            batches = loader.batches(stop - start, start=start)
-            chunk = training.train(
-                trained, batches, optimizer, on_step=on_step, options=options, **fp8
-            )
+            span = (start, stop)
+            seconds = _interval(bench, model_name, built, scheduler, loader, span, fp8, log)
+            chunk = log.read(start)
         except Exception as failure:
-            key = "error" if losses else "first_failure"
-            done[key] = (f"step {start}..{stop}: " if losses else "") + _one_line(failure)
+            key = "error" if start else "first_failure"
+            done[key] = (f"step {start}..{stop}: " if start else "") + _one_line(failure)
             break
-        losses.extend(chunk.tolist())
         value = evaluate(model, validation, **fp8)
-        evaluated.append((stop, value))
+        done["evaluated"].append((stop, value))
+        done["interval_ms"].append((stop, round(seconds * 1e3 / (stop - start), 3)))
         bench.log(
             f"  {model_name} {setting.name}: step {stop}/{steps} train {chunk[-1]:.4f} "
-            f"validation {value:.4f} ({sum(seconds):.0f} s training)"
+            f"validation {value:.4f} ({seconds:.1f} s)"
         )
-        if not (math.isfinite(value) and np.isfinite(chunk).all()):
+        start = stop
+        if not (math.isfinite(value) and all(map(math.isfinite, chunk))):
             done["error"] = f"non-finite loss by step {stop}: stopped"
             break
+    done["losses"] = log.read() if done["first_failure"] is None else []
     return done
 
 
-def train_setting(bench, model_name, setting: Setting, seed, steps, fp8_attention, fp8_weights):
-    """The measured part of a record: one variant of ``setting`` trained for ``steps``. Raises
-    :class:`FirstStepFailed` where the variant cannot be built or take its first step."""
-    plan, cfg, cuda = bench.plan(model_name), bench.config(model_name), bench.device.type == "cuda"
-    fp8_recipe = bench._fp8_recipe(setting, fp8_attention)
+def train_setting(bench, model_name, setting: Setting, seed, steps):
+    """The measured part of a record: ``setting`` trained for ``steps``. Raises
+    :class:`FirstStepFailed` where it cannot be built or take its first steps."""
+    plan, cuda = bench.plan(model_name), bench.device.type == "cuda"
+    fp8_recipe = bench._fp8_recipe(setting)
     try:
-        model, optimizer, trained = bench._build(model_name, setting, fp8_recipe, fp8_weights)
+        model, optimizer, trained = bench._build(model_name, setting, fp8_recipe)
     except Exception as error:  # a setting this machine cannot build
         raise FirstStepFailed(_one_line(error)) from None
     loader = text.PackedLoader(
         bench.train_tokens, plan.batch, plan.seq, seed=seed, device=bench.device
     )
     fp8 = {"te": bench.te, "fp8_recipe": fp8_recipe} if fp8_recipe is not None else {}
-    built = (model, optimizer, trained)
-    done = _train_and_validate(bench, model_name, setting, steps, built, fp8, loader)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    done = _train_and_validate(
+        bench, model_name, setting, steps, (model, optimizer, trained), fp8, loader
+    )
     optimizer_name = f"{type(optimizer).__module__}.{type(optimizer).__name__}"
-    del model, optimizer, trained, built  # free this run before the next is built
+    del model, optimizer, trained  # free this run before the next is built
     if done["first_failure"] is not None:
         raise FirstStepFailed(done["first_failure"])
-    peak_allocated = torch.cuda.max_memory_allocated() if cuda else None
-    losses, seconds = done["losses"], done["seconds"]
+    losses = done["losses"]
     return {
         "what_ran": {
             "form": setting.form,
             "recipe": None if fp8_recipe is None else repr(fp8_recipe),
-            "fp8_attention": fp8_attention,
-            "fp8_weights": fp8_weights,
-            "torchao": setting.torchao,
+            "calibration_step": setting.calibrate,
             "compiled": setting.compile,
             "optimizer": optimizer_name,
-            "optimizer_master_weights": fp8_weights,
+            "host_syncs": "at evaluation points only",
         },
         "steps_run": len(losses),
         "train_loss": finite(losses),
@@ -186,10 +176,12 @@ def train_setting(bench, model_name, setting: Setting, seed, steps, fp8_attentio
             "step": [s for s, _ in done["evaluated"]],
             "loss": finite(v for _, v in done["evaluated"]),
         },
-        "step_ms": [round(s * 1e3, 3) for s in seconds],
-        "throughput": throughput(cfg, plan, setting, seconds, peak_allocated, bench.device),
+        "interval_ms_per_step": {
+            "step": [s for s, _ in done["interval_ms"]],
+            "ms": [ms for _, ms in done["interval_ms"]],
+        },
         "memory": {
-            "peak_allocated_bytes": peak_allocated,
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
             "peak_reserved_bytes": torch.cuda.max_memory_reserved() if cuda else None,
         },
         "non_finite_losses": int(sum(not math.isfinite(v) for v in losses)),
@@ -209,22 +201,18 @@ def describe_plan(bench) -> str:
             f"{plan.steps} steps ({bench.epochs(model):.2f} epochs), "
             f"{step / 1e12:.2f} TFLOP per step ({step / 600e12 * 1e3:.0f} ms at 600 TFLOP/s)"
         )
-    lines.append(f"corpus: {json.dumps(bench.corpus.describe())}")
+    lines.append(f"corpus: {json.dumps(bench.corpus.describe())}, split by {SPLIT_BY}")
     lines.append("commands:")
-    lines += [
-        f"  python -m tools.train_e2e --model {m} --group {g} --out DIR"
-        for m in MODELS
-        for g in GROUPS
-    ]
+    lines += [f"  python -m tools.train_e2e --group {g} --out DIR" for g in GROUPS]
+    lines.append("  python -m tools.e2e_speed --out FILE")
     return "\n".join(lines)
 
 
 def _report(path, record: dict) -> str:
-    rate = record.get("throughput") or {}
     validation = (record.get("validation") or {}).get("loss") or [None]
+    intervals = (record.get("interval_ms_per_step") or {}).get("ms") or [0.0]
     return (
-        f"{path.name}: {record['wall_s']:.0f} s, "
-        f"{(rate.get('tokens_per_s') or 0):,.0f} tokens/s, MFU {(rate.get('mfu') or 0):.1%}, "
+        f"{path.name}: {record['wall_s']:.0f} s, {intervals[-1]:.1f} ms/step (last interval), "
         f"validation {validation[-1]}, peak "
         f"{(record.get('memory') or {}).get('peak_allocated_bytes') or 0:,} B, "
         f"stamped: {record['stamp'] is not None}, error: {record['error']}"

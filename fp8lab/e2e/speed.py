@@ -1,15 +1,21 @@
-"""Chapter 09's speed ratios, measured in alternating rounds.
+"""Chapter 09's speed ratios, measured in alternating rounds, with the GPU setting the time.
 
-The long runs (:mod:`fp8lab.e2e.run`) run one setting after another, so a slow minute of a
-shared machine lands on whichever setting ran then. :func:`measure` builds several settings of
-one model side by side on one GPU and times them in rounds, in a rotating order: every round
-times ``steps`` whole training steps of each setting (batch, forward, loss, backward, clipping,
-optimizer, ``loss.item()``), so every ratio is taken from neighbouring minutes, and the spread
-of a ratio over the rounds shows how far noise moved it.
+:func:`measure` builds several settings of one model side by side on one GPU and times them
+in rounds, in a rotating order: every round times ``steps`` whole training steps of each
+setting (batch, forward, loss, backward, clipping, optimizer), so every ratio is taken from
+neighbouring seconds, and the spread of a ratio over the rounds shows how far noise moved it.
+
+The host must not set the time. The small model's step is short enough that Python and the
+kernel launches would (chapter 03), so its settings run as CUDA graphs: TE's model and loss
+captured by ``te.make_graphed_callables``, PyTorch's compiled with
+``mode="reduce-overhead"`` (:mod:`fp8lab.e2e.steps`). A capture that raises is recorded as
+refused, with its reason, and the setting is timed without graphs (marked so). The large
+model's step is long enough for the GPU to set the time without graphs; each round records
+the host's time to issue the steps beside the device's time (CUDA events), which shows it.
+Losses stay on the device: no step waits for the host.
 
 Each group of settings starts with TE BF16, the anchor every ratio of the chapter is taken
-against; settings that would not fit on the GPU together go into separate groups (the large
-model's four groups each hold four models' weights and optimizer states at most). The steps
+against; the large model's groups hold two settings each, to fit one 80 GB GPU. The steps
 train at the plan's peak learning rate on the plan's batch shape, from the shared initial
 weights. The file is stamped like the long runs (:func:`stamp`).
 """
@@ -18,122 +24,154 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
+from dataclasses import asdict
 
 import numpy as np
 import torch
 
-from fp8lab import checks
+from fp8lab import checks, flops
+from fp8lab import corpus as text
+from fp8lab.e2e import steps as stepping
 from fp8lab.e2e.bench import Bench
 from fp8lab.e2e.results import ROOT, result_modules
-from fp8lab.e2e.settings import FASTEST_VARIANTS, MODELS, SETTINGS
+from fp8lab.e2e.settings import MODELS, SETTINGS
 
 RESULTS_FILE = ROOT / "tests" / "gpu_results" / "e2e_speed.json"
 ANCHOR = "bf16"
 GROUPS = {
-    "small": (tuple(SETTINGS),),
-    "large": (
-        ("bf16", "te-delayed", "te-fastest"),
-        ("bf16", "te-current", "te-block"),
-        ("bf16", "torch-bf16", "torch-bf16-compiled"),
-        ("bf16", "torch-bf16-compiled", "ao-tensorwise", "ao-rowwise"),
-    ),
+    "small": (("bf16", "te-delayed", "te-current", "torch-bf16-compiled"),),
+    "large": (("bf16", "te-current"), ("bf16", "te-delayed"), ("bf16", "torch-bf16-compiled")),
 }
-SCHEMA = 1
+GRAPHED = {"small": True, "large": False}  # CUDA graphs where the host would set the time
+ROUNDS = {"small": (7, 10), "large": (5, 5)}  # (rounds, steps per round)
+SCHEMA = 2
 
 
-def first_step_that_runs(bench: Bench, model: str, name: str):
-    """``(step, what ran)``: the fastest TE form tries its variants in the long runs' order
-    (FP8 attention and FP8 weights, then each alone) and keeps the first that takes a step."""
-    chosen = SETTINGS[name]
-    variants = FASTEST_VARIANTS if name == "te-fastest" else ((None, None),)
-    refused = []
-    for fp8_attention, fp8_weights in variants:
-        setting = chosen
-        if fp8_attention is not None:
-            setting = replace(chosen, fp8_attention=fp8_attention, fp8_weights=fp8_weights)
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".splitlines()[0][:300]
+
+
+def build_step(bench: Bench, model: str, name: str, graphs: bool):
+    """``(step, what ran)``: one setting of ``model`` built from the shared weights, captured
+    as CUDA graphs where ``graphs`` asks and this stack allows."""
+    setting, plan = SETTINGS[name], bench.plan(model)
+    fp8_recipe = bench._fp8_recipe(setting)
+    fp8 = {"te": bench.te, "fp8_recipe": fp8_recipe} if fp8_recipe is not None else {}
+    graphs = graphs and bench.on_gpu
+    _, optimizer, trained = bench._build(model, setting, fp8_recipe, graphs=graphs)
+    batches = iter(text.PackedLoader(bench.train_tokens, plan.batch, plan.seq, device=bench.device))
+    what = {"graphs": None, "refused": None}
+    if graphs and setting.form == "te_layer":
         try:
-            step = bench.step_function(model, setting)
+            trained = stepping.graph_te(trained, next(batches), bench.te, fp8_recipe)
+            what["graphs"] = "te.make_graphed_callables"
+        except Exception as error:  # a capture this stack refuses: timed without graphs
+            what["refused"] = _one_line(error)
+    elif graphs and setting.compile:
+        what["graphs"] = 'torch.compile(mode="reduce-overhead")'
+
+    def step():
+        return stepping.step(trained, next(batches), optimizer, plan.max_grad_norm, fp8)
+
+    return step, what
+
+
+def _first_steps(bench: Bench, model: str, name: str, graphs: bool, warmup: int):
+    """Build ``name`` and take its warm-up steps; where the graphed form fails on its first
+    steps, record why and fall back to the form without graphs."""
+    step, what = build_step(bench, model, name, graphs)
+    try:
+        for _ in range(max(1, warmup)):
             step()
-        except Exception as error:  # a variant this GPU or the reference cannot run
-            refused.append(f"{type(error).__name__}: {error}".splitlines()[0][:200])
-            bench.release()  # built first in its group (time_group): nothing else to lose
-            continue
-        what = {"fp8_attention": setting.fp8_attention, "fp8_weights": setting.fp8_weights}
-        return step, {**what, "refused": refused}
-    raise RuntimeError(f"{name}: no variant takes a step here: {' | '.join(refused)}")
+        return step, what
+    except Exception as error:
+        if not (graphs and what["graphs"]):
+            raise
+        refused = f"{what['graphs']}: {_one_line(error)}"
+    del step
+    step, what = build_step(bench, model, name, graphs=False)
+    for _ in range(max(1, warmup)):
+        step()
+    return step, {**what, "refused": refused}
 
 
-def runs_on_the_reference(setting: str) -> bool:
-    return SETTINGS[setting].gpu_only is None
+def _time_round(step, steps: int, cuda: bool) -> tuple[float, float]:
+    """``(device ms, host ms)`` per step over ``steps`` steps: CUDA events for the device, the
+    host's time to issue the steps (before it waits) beside it."""
+    if cuda:
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    begin = time.perf_counter()
+    for _ in range(steps):
+        step()
+    host = (time.perf_counter() - begin) * 1e3
+    if not cuda:
+        return host / steps, host / steps
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps, host / steps
 
 
-def time_group(
-    bench: Bench, model: str, settings: tuple[str, ...], rounds: int, steps: int, warmup: int
-) -> dict:
+def time_group(bench: Bench, model: str, settings, rounds: int, steps: int, warmup: int) -> dict:
     """Build ``settings`` of ``model`` side by side, warm each up, then time ``rounds`` rounds of
     ``steps`` steps each in a rotating order. Returns ``{"settings", "ms_per_step",
-    "what_ran"}`` with one list per setting in ``ms_per_step``: its mean step time in each
-    round. The fastest TE form is built first, so that a variant it gives up frees its memory
-    before the others exist."""
-    cuda = bench.device.type == "cuda"
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
+    "host_ms_per_step", "what_ran"}``, one list per setting: its per-step time in each round."""
+    cuda, graphs = bench.device.type == "cuda", GRAPHED[model]
     step_of, what_ran = {}, {}
-    for name in sorted(settings, key=lambda n: n != "te-fastest"):
-        step_of[name], what_ran[name] = first_step_that_runs(bench, model, name)
-    for step in step_of.values():
-        for _ in range(warmup):
-            step()
-    ms_per_step: dict[str, list[float]] = {name: [] for name in settings}
+    for name in settings:
+        step_of[name], what_ran[name] = _first_steps(bench, model, name, graphs, warmup)
+    device_ms = {name: [] for name in settings}
+    host_ms = {name: [] for name in settings}
     for index in range(rounds):
         shift = index % len(settings)
         for name in settings[shift:] + settings[:shift]:
-            sync()
-            begin = time.perf_counter()
-            for _ in range(steps):
-                step_of[name]()
-            sync()
-            ms_per_step[name].append(round((time.perf_counter() - begin) * 1e3 / steps, 3))
+            gpu, host = _time_round(step_of[name], steps, cuda)
+            device_ms[name].append(round(gpu, 3))
+            host_ms[name].append(round(host, 3))
     del step_of
     bench.release()
-    return {"settings": list(settings), "ms_per_step": ms_per_step, "what_ran": what_ran}
-
-
-def measure(
-    bench: Bench,
-    models: tuple[str, ...] = MODELS,
-    rounds: int = 7,
-    steps: int = 10,
-    warmup: int = 5,
-    log=print,
-) -> dict:
-    """Every group of every model in ``models``; off the GPU, the compiled settings are left
-    out of their groups (the CPU lane does not compile)."""
-    rounds = checks.integer("rounds", rounds, minimum=2)
-    steps = checks.integer("steps", steps)
-    warmup = checks.integer("warmup", warmup, minimum=0)
-    record = {
-        "schema": SCHEMA,
-        "preset": bench.preset,
-        "rounds": rounds,
-        "steps": steps,
-        "warmup": warmup,
-        "models": {},
+    return {
+        "settings": list(settings),
+        "ms_per_step": device_ms,
+        "host_ms_per_step": host_ms,
+        "what_ran": what_ran,
     }
+
+
+def measure(bench: Bench, models=MODELS, rounds=None, steps=None, warmup=5, log=print) -> dict:
+    """Every group of every model in ``models`` (rounds and steps per round: :data:`ROUNDS`
+    unless given); off the GPU, the compiled settings are left out of their groups."""
+    rounds = None if rounds is None else checks.integer("rounds", rounds, minimum=2)
+    steps = None if steps is None else checks.integer("steps", steps)
+    warmup = checks.integer("warmup", warmup, minimum=0)
+    record = {"schema": SCHEMA, "preset": bench.preset, "warmup": warmup, "models": {}}
     for model in models:
         checks.choice("model", model, MODELS)
         plan = bench.plan(model)
+        model_rounds, model_steps = rounds or ROUNDS[model][0], steps or ROUNDS[model][1]
         groups = []
         for group in GROUPS[model]:
-            runnable = tuple(n for n in group if bench.on_gpu or runs_on_the_reference(n))
+            runnable = tuple(n for n in group if bench.on_gpu or SETTINGS[n].gpu_only is None)
             begin = time.perf_counter()
-            groups.append(time_group(bench, model, runnable, rounds, steps, warmup))
+            try:
+                timed = time_group(bench, model, runnable, model_rounds, model_steps, warmup)
+            except Exception as error:  # a group that cannot run here: on record, not fatal
+                timed = {"settings": list(runnable), "ms_per_step": {}, "host_ms_per_step": {}}
+                timed.update(what_ran={}, error=_one_line(error))
+                bench.release()
+            groups.append(timed)
             log(f"{model} {', '.join(runnable)}: {time.perf_counter() - begin:.0f} s")
-        record["models"][model] = {"tokens_per_step": plan.tokens_per_step, "groups": groups}
+        cfg = bench.config(model)
+        record["models"][model] = {
+            "config": asdict(cfg),
+            "tokens_per_step": plan.tokens_per_step,
+            "flops_per_step": flops.training_flops(cfg, plan.batch, plan.seq, causal=True),
+            "graphs": GRAPHED[model] and bench.on_gpu,
+            "rounds": model_rounds,
+            "steps": model_steps,
+            "groups": groups,
+        }
     return record
 
 
@@ -172,16 +210,22 @@ def stamp(record: dict, seconds: float) -> dict | None:
     return lane.stamp_record(result_modules("tools.e2e_speed"), run_seconds=round(seconds, 1))
 
 
-def measure_and_write(bench: Bench, models, out, rounds: int = 7, steps: int = 10, log=print):
-    """:func:`measure`, with the corpus, the device and the :func:`stamp`, written to ``out``
-    (JSON); returns the record."""
-    begin = time.perf_counter()
-    record = measure(bench, tuple(models), rounds=rounds, steps=steps, log=log)
-    record["corpus"] = bench.corpus.describe()
-    record["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    record["stamp"] = stamp(record, time.perf_counter() - begin)
+def measure_and_write(bench: Bench, models, out, rounds=None, steps=None, log=print) -> dict:
+    """:func:`measure`, with the corpus, the device and the :func:`stamp` (once every model is
+    measured), written to ``out`` (JSON) after each model; returns the record."""
+    begin, record = time.perf_counter(), None
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    for model in models:  # written after each model: a run cut short keeps what it measured
+        part = measure(bench, (model,), rounds=rounds, steps=steps, log=log)
+        record = (
+            part if record is None else {**record, "models": {**record["models"], **part["models"]}}
+        )
+        record["corpus"] = bench.corpus.describe()
+        record["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        record["stamp"] = None
+        if model == models[-1]:
+            record["stamp"] = stamp(record, time.perf_counter() - begin)
+        out.write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 
