@@ -20,8 +20,7 @@
 """
 
 from fp8lab.weights.bench import Bench
-from fp8lab.weights.graphs import graphed_stack_step, attempt
-from fp8lab.weights.optimizer_states import STATE_OPTIONS, state_bytes_per_parameter
+from fp8lab.weights.graphs import attempt
 from fp8lab.weights.rounds import RoundTimes, alternate_rounds
 from fp8lab.weights.sizing import fsdp_gather_bytes, largest_layers
 from fp8lab.weights.words import change, ratio_words
@@ -29,13 +28,10 @@ from fp8lab.weights.words import change, ratio_words
 __all__ = [
     "Bench",
     "RoundTimes",
-    "STATE_OPTIONS",
     "alternate_rounds",
     "attempt",
     "change",
     "fsdp_gather_bytes",
-    "graphed_stack_step",
     "largest_layers",
     "ratio_words",
-    "state_bytes_per_parameter",
 ]

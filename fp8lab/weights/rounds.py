@@ -72,7 +72,7 @@ class RoundTimes:
     def ratio(self, base: str, other: str) -> tuple[float, float, float]:
         """``(median, low, high)`` over the rounds of ``base``'s round median over ``other``'s:
         above 1, ``other`` is faster."""
-        pairs = zip(self._check(base), self._check(other))
+        pairs = zip(self._check(base), self._check(other), strict=True)
         ratios = [statistics.median(a) / statistics.median(b) for a, b in pairs]
         return statistics.median(ratios), min(ratios), max(ratios)
 

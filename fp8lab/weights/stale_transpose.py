@@ -8,8 +8,8 @@ backward's data-gradient GEMM reads the transpose. ``FusedAdam(master_weights=Tr
 delayed-scaling FP8 weights with its fused kernel (``multi_tensor_adam_fp8``), which writes
 ``_data`` in place; nothing marks ``_transpose`` invalid, and ``update_usage`` keeps a
 transpose that is flagged valid. The next backward then computes dX with the weight of the
-step before. Expected: the transpose equals ``_data.T`` after the step, and dX does not change when the
-transpose is rebuilt. Observed: it is stale, and dX moves when it is rebuilt.
+step before. Expected: the transpose equals ``_data.T`` after the step, and dX does not
+change when the transpose is rebuilt. Observed: it is stale, and dX moves when it is rebuilt.
 """
 
 import torch

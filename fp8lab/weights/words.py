@@ -52,7 +52,7 @@ def ratio_words(ratio: float, low: float, high: float, *, faster: str = "faster"
         values.append(float(value))
     if any(math.isnan(v) for v in values):
         return "not measured"
-    for name, value in zip(("ratio", "low", "high"), values):
+    for name, value in zip(("ratio", "low", "high"), values, strict=True):
         if not math.isfinite(value) or value <= 0:
             raise ValueError(f"{name}={value}: must be a finite number > 0 (or NaN)")
     ratio, low, high = values
