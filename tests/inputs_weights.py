@@ -15,8 +15,8 @@ def _rounds(rounds, iters):
     return len(times.table())
 
 ENTRIES = {
-    "weights.Bench": Entry(
-        lambda dtype: weights.Bench(reference, "cpu", dtype, TINY, TINY).stack_cfg.num_layers,
+    "weights.ModelKit": Entry(
+        lambda dtype: weights.ModelKit(reference, "cpu", dtype, TINY, TINY).stack_cfg.num_layers,
         {"dtype": maybe(st.sampled_from([torch.float32, torch.bfloat16]))},
         examples=10,
     ),

@@ -19,14 +19,14 @@
   transpose that TE's ``FusedAdam`` leaves under delayed scaling.
 """
 
-from fp8lab.weights.bench import Bench
+from fp8lab.weights.bench import ModelKit
 from fp8lab.weights.graphs import attempt
 from fp8lab.weights.rounds import RoundTimes, alternate_rounds
 from fp8lab.weights.sizing import fsdp_gather_bytes, largest_layers
 from fp8lab.weights.words import change, ratio_words
 
 __all__ = [
-    "Bench",
+    "ModelKit",
     "RoundTimes",
     "alternate_rounds",
     "attempt",

@@ -1,15 +1,15 @@
 """The chapter's models and memory probes, in one place.
 
-:class:`Bench` holds what every measurement of chapter 06 shares -- TE (or the CPU reference),
+:class:`ModelKit` holds what every measurement of chapter 06 shares -- TE (or the CPU reference),
 the device, the parameter dtype and the two model shapes -- and builds, seeded:
 
-* :meth:`Bench.stack`: L ``te.TransformerLayer``\\ s (``fp8lab.layers.build_layer``), the model
+* :meth:`ModelKit.stack`: L ``te.TransformerLayer``\\ s (``fp8lab.layers.build_layer``), the model
   that is timed and whose memory is read;
-* :meth:`Bench.gpt`: the small ``fp8lab.models.GPT`` that trains;
+* :meth:`ModelKit.gpt`: the small ``fp8lab.models.GPT`` that trains;
 * both optionally under ``te.quantized_model_init`` (FP8 weights) and with grad mode off;
-* :meth:`Bench.adam`: TE's ``FusedAdam`` with FP32 master weights and decoupled gradients.
+* :meth:`ModelKit.adam`: TE's ``FusedAdam`` with FP32 master weights and decoupled gradients.
 
-:meth:`Bench.allocated` and :meth:`Bench.fresh` are the memory probes: bytes held by live
+:meth:`ModelKit.allocated` and :meth:`ModelKit.fresh` are the memory probes: bytes held by live
 tensors (NaN without a CUDA allocator) and a clean slate before each measurement.
 """
 
@@ -27,7 +27,7 @@ from fp8lab.config import TransformerConfig, require_config
 
 
 @dataclass
-class Bench:
+class ModelKit:
     """TE, the device and the chapter's two model shapes (``stack_cfg``, ``gpt_cfg``)."""
 
     te: Any
