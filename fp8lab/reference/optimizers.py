@@ -23,7 +23,8 @@ GPU (``te.optimizers.FusedAdam`` on both lanes). Mirrored from
   stand-in does the same. With master weights the FP32 master copy is updated and the weight
   is written back as FP8 -- with the module's current weight scale under delayed scaling (TE's
   fused FP8 Adam kernel), from the master's own amax under the other recipes (``quantize_``).
-  The reference stores the decoded FP8 values, as everywhere else (:func:`fp8lab.reference.modules.requantize_fp8_weight`);
+  The reference stores the decoded FP8 values, as everywhere else
+  (:func:`fp8lab.reference.modules.requantize_fp8_weight`);
 * ``initialize_state``, ``set_scaled_state``, ``get_unscaled_state`` and ``zero_grad`` behave as
   TE's (the first two are how master weights are seeded from
   ``weight.get_high_precision_init_val()``).
