@@ -54,3 +54,9 @@ ENTRIES = {
         examples=10,
     ),
 }
+ENTRIES["weights.paired_difference"] = Entry(
+    lambda shift, margin: weights.paired_difference([1.0 + shift, 2.0, 3.0], [1.0, 2.0, 3.1],
+                                                    margin)["mean"],
+    {"shift": st.floats(0, 1), "margin": maybe(reals(0, 1))},
+    signed=True,
+)

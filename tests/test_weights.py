@@ -112,3 +112,16 @@ def test_reference_fused_adam_skips_delayed_fp8_weights_without_master_weights()
     layer = _fp8_linear(te, Float8CurrentScaling())
     with pytest.raises(RuntimeError, match="master_weights"):
         _one_step(te, layer, Float8CurrentScaling())
+
+
+def test_paired_difference_verdicts():
+    from fp8lab.weights import paired_difference
+
+    same = paired_difference([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], 0.01)
+    assert same["verdict"] == "identical" and same["mean"] == 0
+    close = paired_difference([1.001, 2.0, 3.001, 4.0], [1.0, 2.001, 3.0, 4.001], 0.05)
+    assert close["verdict"] == "within the margin"
+    far = paired_difference([1.5, 2.5, 3.6], [1.0, 2.0, 3.0], 0.05)
+    assert far["verdict"] == "outside the margin" and far["low"] > 0.05
+    with pytest.raises(ValueError, match="seeds"):
+        paired_difference([1.0], [1.0], 0.1)

@@ -13,6 +13,8 @@
   parameter, measured;
 * :mod:`~fp8lab.weights.sizing` -- the largest model of a shape that fits a GPU by the memory
   estimator, and the bytes an FSDP2 all-gather moves per step with BF16 or FP8 weights;
+* :mod:`~fp8lab.weights.paired` -- paired differences over seeds with a confidence interval,
+  judged against a margin declared before the runs;
 * :mod:`~fp8lab.weights.words` -- sentences picked from a measured sign, so that a glued
   sentence cannot contradict its number;
 * :mod:`~fp8lab.weights.stale_transpose` -- a standalone reproduction of the stale FP8 weight
@@ -21,6 +23,7 @@
 
 from fp8lab.weights.bench import ModelKit
 from fp8lab.weights.graphs import attempt
+from fp8lab.weights.paired import paired_difference
 from fp8lab.weights.rounds import RoundTimes, alternate_rounds
 from fp8lab.weights.sizing import fsdp_gather_bytes, largest_layers
 from fp8lab.weights.words import change, ratio_words
@@ -33,5 +36,6 @@ __all__ = [
     "change",
     "fsdp_gather_bytes",
     "largest_layers",
+    "paired_difference",
     "ratio_words",
 ]
