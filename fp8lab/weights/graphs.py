@@ -56,9 +56,18 @@ def graphed_stack_step(
     if not hasattr(te, "make_graphed_callables"):
         raise NotImplementedError("CUDA graphs need TE on a GPU (the CPU reference has none)")
     sample = micro_batches[0][0].detach().clone().requires_grad_(True)
-    graphed = te.make_graphed_callables(
-        model, (sample,), enabled=fp8_recipe is not None, recipe=fp8_recipe,
-        cache_quantized_params=cache)
+    cls = type(model)
+    own_call = cls.__dict__.get("__call__")
+    try:
+        graphed = te.make_graphed_callables(
+            model, (sample,), enabled=fp8_recipe is not None, recipe=fp8_recipe,
+            cache_quantized_params=cache)
+    finally:  # TE wraps the model's class __call__ during capture; a failed capture keeps it
+        if own_call is None:
+            if "__call__" in cls.__dict__:
+                delattr(cls, "__call__")
+        else:
+            cls.__call__ = own_call
     optimizer = te.optimizers.FusedAdam(model.parameters(), lr=lr, master_weights=True)
     inputs = [(x.detach().clone().requires_grad_(True), t) for x, t in micro_batches]
 
