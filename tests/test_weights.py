@@ -125,3 +125,25 @@ def test_paired_difference_verdicts():
     assert far["verdict"] == "outside the margin" and far["low"] > 0.05
     with pytest.raises(ValueError, match="seeds"):
         paired_difference([1.0], [1.0], 0.1)
+
+
+def test_a_failed_graph_capture_leaves_the_model_class_as_it_was():
+    from types import SimpleNamespace
+
+    from fp8lab.weights.graphs import graphed_stack_step
+
+    class Stack(torch.nn.Sequential):
+        pass
+
+    def capture(model, *args, **kwargs):
+        type(model).__call__ = lambda self, *a, **k: None  # what TE does during capture
+        raise RuntimeError("capture failed")
+
+    fake_te = SimpleNamespace(make_graphed_callables=capture)
+    model = Stack(torch.nn.Linear(4, 4))
+    batch = [(torch.randn(2, 4), torch.randn(2, 4))]
+    value, reason = attempt(lambda: graphed_stack_step(
+        fake_te, model, batch, None, cache=False, loss_fn=torch.nn.functional.mse_loss))
+    assert value is None and "capture failed" in reason
+    assert "__call__" not in Stack.__dict__
+    assert model(torch.randn(2, 4)).shape == (2, 4)
