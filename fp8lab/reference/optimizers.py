@@ -17,11 +17,14 @@ GPU (``te.optimizers.FusedAdam`` on both lanes). Mirrored from
 * **master weights** (``master_weights=True``): 16-bit parameters get an FP32 copy
   (``state["master_param"]``) that the update is applied to, then rounded back into the
   parameter; FP32 parameters are updated in place;
-* **FP8 parameters** (built under ``te.quantized_model_init``) need master weights (TE raises
-  without them): the FP32 master copy is updated and the weight is written back as FP8 -- with
-  the module's current weight scale under delayed scaling (TE's fused FP8 Adam kernel), from the
-  master's own amax under the other recipes (``quantize_``). The reference stores the decoded
-  FP8 values, as everywhere else (:func:`fp8lab.reference.modules.requantize_fp8_weight`);
+* **FP8 parameters** (built under ``te.quantized_model_init``) need master weights. Without
+  them TE 2.20 raises for every recipe but delayed scaling, whose weights it silently leaves
+  alone (gathered for the fused FP8 kernel, which only the master-weight branch calls): the
+  stand-in does the same. With master weights the FP32 master copy is updated and the weight
+  is written back as FP8 -- with the module's current weight scale under delayed scaling (TE's
+  fused FP8 Adam kernel), from the master's own amax under the other recipes (``quantize_``).
+  The reference stores the decoded FP8 values, as everywhere else
+  (:func:`fp8lab.reference.modules.requantize_fp8_weight`);
 * ``initialize_state``, ``set_scaled_state``, ``get_unscaled_state`` and ``zero_grad`` behave as
   TE's (the first two are how master weights are seeded from
   ``weight.get_high_precision_init_val()``).
@@ -171,6 +174,8 @@ class FusedAdam(torch.optim.Optimizer):
                 raise RuntimeError("FusedAdam does not support sparse gradients.")
             fp8 = _is_fp8(p)
             if fp8 and not self.master_weights:
+                if p._fp8lab_recipe.delayed():
+                    continue  # TE 2.20 collects these for its FP8 kernel, then never runs it
                 raise RuntimeError(
                     "FusedAdam without master_weights does not support FP8 parameters "
                     "(te.quantized_model_init). Use master_weights=True."

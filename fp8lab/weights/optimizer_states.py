@@ -1,0 +1,82 @@
+"""``FusedAdam``'s state options and what each costs per parameter.
+
+TE's ``FusedAdam`` (``optimizers/fused_adam.py``, TE 2.20) keeps three tensors per parameter:
+the first and second moments (``exp_avg``, ``exp_avg_sq``: FP32, FP16, BF16 or FP8 as
+``torch.uint8`` with a per-tensor scale) and, with ``master_weights=True``, a master copy
+(``master_weight_dtype``: FP32 or FP16). ``store_param_remainders=True`` (BF16 parameters, FP32
+master weights) keeps only the 16 low bits that BF16 drops, as ``int16``: the FP32 master value
+is the BF16 parameter's bits followed by them.
+
+:data:`STATE_OPTIONS` lists the settings the chapter measures, :func:`expected_bytes` what each
+should hold per parameter, and :func:`state_bytes_per_parameter` what it does hold: the bytes
+``torch.cuda.memory_allocated`` gains over the first ``step`` (when TE creates the state).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import torch
+
+__all__ = ["STATE_OPTIONS", "expected_bytes", "state_bytes_per_parameter"]
+
+STATE_OPTIONS: dict[str, dict] = {
+    "FP32 master, FP32 moments (default)": {},
+    "FP32 master, BF16 moments": {"exp_avg_dtype": torch.bfloat16,
+                                  "exp_avg_sq_dtype": torch.bfloat16},
+    "FP32 master, FP8 moments": {"exp_avg_dtype": torch.uint8,
+                                 "exp_avg_sq_dtype": torch.uint8},
+    "FP16 master, FP32 moments": {"master_weight_dtype": torch.float16},
+    "FP32 master as BF16 remainders": {"store_param_remainders": True},
+    "no master weights": {"master_weights": False},
+}
+_SIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.uint8: 1}
+
+
+def expected_bytes(options: dict) -> float:
+    """State bytes per parameter that ``FusedAdam(**options)`` should keep for a BF16
+    parameter (master copy plus both moments)."""
+    if not isinstance(options, dict):
+        raise TypeError(f"options={options!r}: must be a dict of FusedAdam keyword arguments")
+    unknown = set(options) - {"exp_avg_dtype", "exp_avg_sq_dtype", "master_weight_dtype",
+                              "master_weights", "store_param_remainders"}
+    if unknown:
+        raise ValueError(f"options: unknown FusedAdam state options {sorted(unknown)}")
+    moments = 0
+    for name in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+        dtype = options.get(name, torch.float32)
+        if dtype not in _SIZE:
+            raise ValueError(f"options[{name!r}]={dtype}: must be one of {list(_SIZE)}")
+        moments += _SIZE[dtype]
+    if not options.get("master_weights", True):
+        return float(moments)
+    if options.get("store_param_remainders", False):
+        return float(moments + 2)
+    master = options.get("master_weight_dtype", torch.float32)
+    if master not in (torch.float32, torch.float16):
+        raise ValueError(f"options['master_weight_dtype']={master}: must be FP32 or FP16")
+    return float(moments + _SIZE[master])
+
+
+def state_bytes_per_parameter(te, model: torch.nn.Module, options: dict) -> float:
+    """Bytes per parameter that the first ``FusedAdam(**options).step()`` allocates for the
+    gradients already on ``model`` (``.grad``); NaN without a CUDA allocator. The state is
+    freed before returning."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    expected_bytes(options)
+    params = list(model.parameters())
+    if not params or params[0].device.type != "cuda":
+        return math.nan
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    kwargs = {"lr": 1e-6, "master_weights": True, **options}
+    optimizer = te.optimizers.FusedAdam(params, **kwargs)
+    optimizer.step()
+    torch.cuda.synchronize()
+    grown = torch.cuda.memory_allocated() - before
+    del optimizer
+    gc.collect()
+    return grown / sum(p.numel() for p in params)

@@ -1,0 +1,149 @@
+"""Chapter 06's library: sentences from signs, rounds, sizing, optimizer states, and the CPU
+reference's FusedAdam without master weights (as TE 2.20)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fp8lab import memory
+from fp8lab.config import preset_config as preset
+from fp8lab.weights import (
+    alternate_rounds,
+    attempt,
+    change,
+    fsdp_gather_bytes,
+    largest_layers,
+    ratio_words,
+)
+from fp8lab.weights.optimizer_states import STATE_OPTIONS, expected_bytes
+
+
+def test_change_words_follow_the_sign_and_the_rounding():
+    assert change(0.42) == "0.42 ms less"
+    assert change(-0.1, "GiB", 1) == "0.1 GiB more"
+    assert change(0.001).startswith("no change")
+    assert change(math.nan) == "not measured"
+    with pytest.raises(ValueError, match="value"):
+        change(math.inf)
+
+
+def test_ratio_words_never_say_faster_below_one():
+    assert ratio_words(1.12, 1.05, 1.2).endswith("(faster)")
+    assert "slower" in ratio_words(0.94, 0.9, 0.97)
+    assert ratio_words(0.94, 0.9, 1.02).startswith("within the noise")
+    assert ratio_words(math.nan, math.nan, math.nan) == "not measured"
+    with pytest.raises(ValueError, match="low"):
+        ratio_words(1.0, 1.2, 1.1)
+
+
+def test_alternate_rounds_runs_in_rounds_and_gives_ratios():
+    order = []
+    steps = {"A": lambda: order.append("A"), "B": lambda: order.append("B")}
+    times = alternate_rounds(steps, rounds=3, iters=2, warmup=1)
+    assert order[2:] == ["A", "A", "B", "B"] * 3
+    ratio, low, high = times.ratio("A", "B")
+    assert low <= ratio <= high
+    table = times.table()
+    assert list(table.index) == ["A", "B"] and table["GPU idle"].isna().all()
+    with pytest.raises(ValueError, match="label"):
+        times.median("C")
+
+
+def test_largest_layers_fits_and_one_more_does_not():
+    cfg = preset("llama3-8b")
+    h200 = 141e9
+    best = largest_layers(cfg, 4096, h200)
+    budget = 0.9 * h200 - memory.CUDA_CONTEXT
+    assert memory.estimate(best, 1, 4096).peak_bytes <= budget
+    more = cfg.replace(num_layers=best.num_layers + 1)
+    assert memory.estimate(more, 1, 4096).peak_bytes > budget
+    assert largest_layers(cfg, 4096, 1e9) is None
+
+
+def test_fsdp_fp8_gather_halves_the_weight_traffic():
+    bf16 = fsdp_gather_bytes(1000, 2)
+    fp8 = fsdp_gather_bytes(1000, 2, "fp8")
+    assert fp8["all-gather"] * 2 == bf16["all-gather"] == 2000
+    assert fp8["reduce-scatter"] == bf16["reduce-scatter"] == 1000
+    with pytest.raises(ValueError, match="world"):
+        fsdp_gather_bytes(1000, 1)
+
+
+def test_expected_state_bytes():
+    values = {label: expected_bytes(o) for label, o in STATE_OPTIONS.items()}
+    assert values["FP32 master, FP32 moments (default)"] == 12
+    assert values["FP32 master, FP8 moments"] == 6
+    assert values["FP32 master as BF16 remainders"] == 10
+    assert values["no master weights"] == 8
+    with pytest.raises(ValueError, match="options"):
+        expected_bytes({"lr": 1.0})
+
+
+def test_attempt_turns_an_error_into_a_row():
+    assert attempt(lambda: 3) == (3, None)
+    value, reason = attempt(lambda: 1 / 0)
+    assert value is None and reason.startswith("refused: ZeroDivisionError")
+
+
+def _fp8_linear(te, recipe):
+    torch.manual_seed(0)
+    with te.quantized_model_init(enabled=True, recipe=recipe):
+        return te.Linear(16, 16, bias=False, params_dtype=torch.float32)
+
+
+def _one_step(te, layer, recipe):
+    optimizer = te.optimizers.FusedAdam(layer.parameters(), lr=0.1, master_weights=False)
+    with te.autocast(enabled=True, recipe=recipe):
+        layer(torch.randn(8, 16)).sum().backward()
+    optimizer.step()
+
+
+def test_reference_fused_adam_skips_delayed_fp8_weights_without_master_weights():
+    from fp8lab import reference as te
+    from fp8lab.reference.recipe import DelayedScaling, Float8CurrentScaling
+
+    layer = _fp8_linear(te, DelayedScaling())
+    before = layer.weight.detach().clone()
+    _one_step(te, layer, DelayedScaling())
+    assert torch.equal(layer.weight.detach(), before)  # silently not updated, as TE 2.20
+    layer = _fp8_linear(te, Float8CurrentScaling())
+    with pytest.raises(RuntimeError, match="master_weights"):
+        _one_step(te, layer, Float8CurrentScaling())
+
+
+def test_paired_difference_verdicts():
+    from fp8lab.weights import paired_difference
+
+    same = paired_difference([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], 0.01)
+    assert same["verdict"] == "identical" and same["mean"] == 0
+    close = paired_difference([1.001, 2.0, 3.001, 4.0], [1.0, 2.001, 3.0, 4.001], 0.05)
+    assert close["verdict"] == "within the margin"
+    far = paired_difference([1.5, 2.5, 3.6], [1.0, 2.0, 3.0], 0.05)
+    assert far["verdict"] == "outside the margin" and far["low"] > 0.05
+    with pytest.raises(ValueError, match="seeds"):
+        paired_difference([1.0], [1.0], 0.1)
+
+
+def test_a_failed_graph_capture_leaves_the_model_class_as_it_was():
+    from types import SimpleNamespace
+
+    from fp8lab.weights.graphs import graphed_stack_step
+
+    class Stack(torch.nn.Sequential):
+        pass
+
+    def capture(model, *args, **kwargs):
+        type(model).__call__ = lambda self, *a, **k: None  # what TE does during capture
+        raise RuntimeError("capture failed")
+
+    fake_te = SimpleNamespace(make_graphed_callables=capture)
+    model = Stack(torch.nn.Linear(4, 4))
+    batch = [(torch.randn(2, 4), torch.randn(2, 4))]
+    value, reason = attempt(lambda: graphed_stack_step(
+        fake_te, model, batch, None, cache=False, loss_fn=torch.nn.functional.mse_loss))
+    assert value is None and "capture failed" in reason
+    assert "__call__" not in Stack.__dict__
+    assert model(torch.randn(2, 4)).shape == (2, 4)
