@@ -51,7 +51,7 @@ NUMERIC: dict[str, Numeric] = {
     "08.1": Numeric("ar_half_mib", "MiB", tolerance=0.10, factor=9.0,
                     reason="nine times the fitted half-bandwidth size; the α–β fit comes from "
                            "one sweep and the chapter glues no spread of α or β"),
-    "09.4": Numeric("large_best_x", "x", spread="large_best_rounds"),
+    "09.4": Numeric("large_te_delayed_x", "x", spread="large_te_delayed_rounds"),
 }  # fmt: skip
 
 # Prediction exercises added for the workshop (numbered after each chapter's own).
@@ -76,10 +76,11 @@ EXTRA: dict[str, tuple[str, str]] = {
         "{glue:text}`best_range_eager`; its GEMMs alone gained {glue:text}`gemm_speedup`.",
     ),
     "09.4": (
-        "Predict the speed-up of the fastest FP8 setting that stays inside the BF16 band on "
-        "the large model.",
-        "{glue:text}`large_best_x` ({glue:text}`large_best_fp8`), across speed rounds "
-        "{glue:text}`large_best_rounds`.",
+        "Predict the speed-up of TE's delayed-scaling FP8 over TE BF16 on the large model "
+        "(whole training step, same rounds).",
+        "{glue:text}`large_te_delayed_x` across speed rounds "
+        "{glue:text}`large_te_delayed_rounds`; the chapter's headline setting is "
+        "{glue:text}`headline`.",
     ),
 }
 

@@ -94,7 +94,7 @@ CHAPTERS: dict[str, Chapter] = {
         Chapter("06", 15, 12,
                 "the bytes per parameter of an FP8 weight at rest and during training",
                 "When do FP8 weights save memory, and when do they save only time?",
-                (("FP8 weights over BF16 (step time)", "fp8w_vs_bf16", None),
+                (("fastest setting over BF16 (step time)", "fastest_vs_bf16", None),
                  ("peak memory change", "peak_change", None),
                  ("fastest setting", "fastest", None)),
                 "On a CPU the device-memory rows stay empty."),
@@ -118,11 +118,13 @@ CHAPTERS: dict[str, Chapter] = {
                 "on two CPU processes; the context-parallel and Userbuffers rows need GPUs and "
                 "come from the page."),
         Chapter("09", 15, 15,
-                "whether FP8 pays on the small model and on the large one",
+                "whether FP8 trains as well as BF16, and whether it pays on each model",
                 "What would make FP8 pay on the small model, and at what cost?",
-                (("small model: best FP8 over BF16", "small_best_x", "small_best_rounds"),
-                 ("large model: best FP8 over BF16", "large_best_x", "large_best_rounds"),
-                 ("large model: BF16 seed band", "large_band", None)),
+                (("small model: TE delayed FP8 over TE BF16", "small_te_delayed_x",
+                  "small_te_delayed_rounds"),
+                 ("large model: TE delayed FP8 over TE BF16", "large_te_delayed_x",
+                  "large_te_delayed_rounds"),
+                 ("small model: BF16 seed band (validation loss)", "band_range", None)),
                 "Its long training runs and speed rounds are committed results, shown beside "
                 "the CPU lane's own."),
     )
