@@ -16,8 +16,9 @@ TORCH_PIP_ARGS ?=
 PYTEST_WORKERS ?= 2
 # The page check's browser: the first Chromium on PATH (CHROMIUM= turns the check off).
 CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser || command -v google-chrome)
-# e.g. PAGE_CHECK_ARGS="--screenshots _build/page-shots --strict-figures"
-PAGE_CHECK_ARGS ?=
+# Strict by default: a tall expanded code cell or a scaled-down figure fails the check too.
+# e.g. PAGE_CHECK_ARGS="--screenshots _build/page-shots --strict-code --strict-figures"
+PAGE_CHECK_ARGS ?= --strict-code --strict-figures
 
 .PHONY: book test lint unit notebooks book-strict page-check gpu-lane check-stamps lab kernel clean
 

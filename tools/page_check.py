@@ -38,7 +38,7 @@ import pandas as pd
 WIDTH, HEIGHT = 1280, 900
 CODE_BUDGET_PX = 600
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-PAGE_GLOBS = ("notebooks/*.html", "book/*.html")
+PAGE_GLOBS = ("notebooks/*.html", "book/*.html", "workshop/*.html")
 SCREENSHOT_MAX_PX = 32000  # a taller capture is cut there (PNG and painting limits)
 SCROLLING = "wide tables (scroll)"  # reported, never a failure: a scroll bar reaches them
 # rule -> (column in the table, the flag that makes it a failure; None: always a failure)
