@@ -110,8 +110,8 @@ CHAPTERS: dict[str, Chapter] = {
         Chapter("08", 15, 15,
                 "DDP's scaling efficiency over two GPUs, in BF16 and in FP8",
                 "Why does FP8 lower the scaling efficiency at the same batch?",
-                (("DDP efficiency, BF16", "eff_default_bf16", None),
-                 ("DDP efficiency, FP8", "eff_default_fp8", None),
+                (("DDP efficiency over rounds, BF16", "fair_ddp_bf16", None),
+                 ("DDP efficiency over rounds, FP8", "fair_ddp_fp8", None),
                  ("all-reduce bus bandwidth β (GB/s)", "ar_beta", None),
                  ("best layout", "best_layout", None)),
                 "It needs two GPUs of one box: give those boxes to pairs. Without them it runs "
