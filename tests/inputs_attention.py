@@ -295,6 +295,22 @@ ENTRIES = {
         {"frame": maybe(st.just(_ROUNDS))},
         examples=4,
     ),
+    "attention.beyond_spread": Entry(
+        lambda first_ms, second_ms, spread: attention.beyond_spread(
+            first_ms, second_ms, 0.01, spread
+        ),
+        {
+            "first_ms": maybe(st.sampled_from([1.0, 1.2])),
+            "second_ms": maybe(st.sampled_from([1.0])),
+            "spread": maybe(st.sampled_from([0.0, 0.1])),
+        },
+        examples=6,
+    ),
+    "attention.refusal_reason": Entry(
+        attention.refusal_reason,
+        {"error": maybe(st.sampled_from([ValueError("No backend. Please run."), KeyError()]))},
+        examples=4,
+    ),
     "attention.faster": Entry(
         lambda first, second: attention.faster(attention.round_summary(_ROUNDS), first, second),
         {"first": maybe(st.sampled_from(["a", "b"])), "second": maybe(st.sampled_from(["a"]))},

@@ -652,7 +652,8 @@ def test_selection_logs_parse_what_a_fresh_process_prints(tmp_path, monkeypatch)
     assert logs[0].selected == "FusedAttention (sub-backend 1)" and logs[0].error is None
     assert len(logs[0].summary()) == 1 and len(logs[0].summary(config=True)) == 2
     assert logs[1].selected == "UnfusedDotProductAttention"
-    assert "pip install x" in logs[1].lines  # the second line of a two-line TE message
+    two_lines = [line for line in logs[1].lines if "pip install x" in line]
+    assert len(two_lines) == 1 and "\n" in two_lines[0]  # one entry for a two-line message
     assert logs[2].error.startswith("ValueError: No dot product attention backend")
     assert "NVTE_FUSED_ATTN" not in os.environ
 
@@ -720,3 +721,51 @@ def test_reference_windows_match_te(mask, window):
     expected = reference(q.double(), k.double(), v.double())
     got = real(q.cuda(), k.cuda(), v.cuda()).double().cpu()
     assert ((got - expected).norm() / expected.norm()).item() < 1e-2
+
+
+def test_one_noise_rule_for_every_faster():
+    assert attention.beyond_spread(1.2, 1.0, 0.05, 0.1)
+    assert not attention.beyond_spread(1.05, 1.0, 0.02, 0.1)  # inside the larger spread
+    assert not attention.beyond_spread(1.0, 1.0, 0.0)
+    with pytest.raises(ValueError, match="spreads"):
+        attention.beyond_spread(1.0, 2.0)
+    with pytest.raises(ValueError, match="spreads"):
+        attention.beyond_spread(1.0, 2.0, -0.1)
+
+
+def test_refusal_reasons_are_one_sentence_not_a_dump():
+    te_error = ValueError(
+        "No dot product attention backend is available for the provided inputs. Please run "
+        "with NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 to find out the reasons for disabling all backends."
+    )
+    assert attention.refusal_reason(te_error) == (
+        "ValueError: No dot product attention backend is available for the provided inputs."
+    )
+    recipe_error = ValueError(
+        "1 validation error for Float8BlockScaling\n  Assertion failed, FP8 attention is not "
+        "supported for Float8BlockScaling. [type=assertion_error, input_value=ArgsKwargs(...)]"
+    )
+    assert attention.refusal_reason(recipe_error) == (
+        "ValueError: Assertion failed, FP8 attention is not supported for Float8BlockScaling."
+    )
+    with pytest.raises(TypeError, match="error"):
+        attention.refusal_reason("not an exception")
+
+
+def test_the_config_dump_is_not_a_reason():
+    log = attention.SelectionLog(
+        "case",
+        (
+            "[DEBUG    | DotProductAttention]: Running with config={'flash_attn_version': "
+            "'not installed', 'fp8': False}",
+            "[DEBUG    | DotProductAttention]: Disabling FlashAttention as it is not installed",
+            "[DEBUG    | DotProductAttention]: Selected backend = NoBackend",
+        ),
+    )
+    assert log.first_reason() == "Disabling FlashAttention as it is not installed"
+    assert log.first_reason("FusedAttention") == ""
+    assert log.available == ""
+    listed = attention.SelectionLog(
+        "x", ("[DEBUG | x]: Available backends = {FlashAttention=False,\n FusedAttention=True}",)
+    )
+    assert listed.available == "Available backends = {FlashAttention=False, FusedAttention=True}"

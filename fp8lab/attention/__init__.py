@@ -53,8 +53,19 @@ from fp8lab.attention.functional import (
     sdpa_attention,
     window_mask,
 )
-from fp8lab.attention.logs import SelectionLog, capture_te_log, te_selection_logs
-from fp8lab.attention.rounds import backend_step, faster, interleaved_rounds, round_summary
+from fp8lab.attention.logs import (
+    SelectionLog,
+    capture_te_log,
+    refusal_reason,
+    te_selection_logs,
+)
+from fp8lab.attention.rounds import (
+    backend_step,
+    beyond_spread,
+    faster,
+    interleaved_rounds,
+    round_summary,
+)
 from fp8lab.attention.run import AttentionResult, measure, run_attention
 
 __all__ = [
@@ -65,6 +76,7 @@ __all__ = [
     "SelectionLog",
     "backend_context",
     "backend_step",
+    "beyond_spread",
     "capture_te_log",
     "copy_batches",
     "explicit_attention",
@@ -74,6 +86,7 @@ __all__ = [
     "measure",
     "paired_interval",
     "probe_softmax_scale",
+    "refusal_reason",
     "round_summary",
     "row_errors",
     "run_attention",

@@ -31,7 +31,7 @@ from fp8lab.attention import backends
 from fp8lab.attention.functional import AttentionShape
 from fp8lab.devices import default_device
 
-__all__ = ["SelectionLog", "capture_te_log", "te_selection_logs"]
+__all__ = ["SelectionLog", "capture_te_log", "refusal_reason", "te_selection_logs"]
 
 _TE_UTILS = "transformer_engine.pytorch.attention.dot_product_attention.utils"
 _TE_LOGGERS = ("DotProductAttention", "FlashAttention", _TE_UTILS)
@@ -108,6 +108,8 @@ def _reasons(lines: Sequence[str]) -> list[str]:
         text = re.sub(r"\s*\(Triggered internally at [^)]*\)\.?", "", text).strip()
         if text.endswith("because:"):  # PyTorch's header line; its reason comes separately
             continue
+        if text.startswith(("Running with config", "Selected backend")):
+            continue  # the inputs ("... 'not installed' ...") and the outcome, not a reason
         if _WHY.search(text) and text not in found:
             found.append(text.splitlines()[0])
     return found
@@ -116,6 +118,22 @@ def _reasons(lines: Sequence[str]) -> list[str]:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+def refusal_reason(error: BaseException) -> str:
+    """The error's type and the first sentence that says why, for a table of refusals.
+
+    TE's refusals go on with advice and a dump of the inputs, and a recipe's validation error
+    (pydantic) opens with a header line ("1 validation error for ..."): both are left out.
+    """
+    if not isinstance(error, BaseException):
+        raise TypeError(f"error={error!r}: must be an exception")
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and re.match(r"\d+ validation errors? for ", lines[0]):
+        lines = lines[1:]
+    text = re.sub(r"\s*\[type=.*$", "", lines[0]) if lines else ""
+    cut = re.search(r"[.!]\s", text)
+    return f"{type(error).__name__}: {text[: cut.start() + 1] if cut else text}"
 
 
 @dataclass(frozen=True)
@@ -144,6 +162,15 @@ class SelectionLog:
         if not isinstance(about, str):
             raise TypeError(f"about={about!r}: must be a string (a backend name)")
         return next((line for line in _reasons(self.lines) if about in line), "")
+
+    @property
+    def available(self) -> str:
+        """TE's "Available backends = {...}" line, without TE's prefix; "" if none."""
+        for line in self.lines:
+            found = re.search(r"Available backends = \{.*?\}", line, re.S)
+            if found:
+                return " ".join(found.group(0).split())
+        return ""
 
     def summary(self, config: bool = False) -> list[str]:
         """The lines that decide the selection (the long ``Running with config`` line only
@@ -260,7 +287,7 @@ def _parse_child(stderr: str) -> tuple[dict[int, list[str]], dict[int, str]]:
             blocks[current].append(line)
             in_te_line = True
         elif current is not None and in_te_line and line.strip() and not _PY_WARNING.search(line):
-            blocks[current].append(line)  # the next line of a multi-line TE message
+            blocks[current][-1] += "\n" + line  # the next line of a multi-line TE message
         else:
             in_te_line = False
     return blocks, errors

@@ -7,7 +7,9 @@ alternates from round to round (so a drift of clocks or temperature touches ever
 alike), and records per step both the kernel time the profiler saw
 (:func:`fp8lab.profiling.profile`, the sum of the kernels' own times) and the wall time of the
 same steps. :func:`round_summary` gives each backend's median over the rounds and the
-round-to-round spread; :func:`faster` calls a difference only where it exceeds that spread.
+round-to-round spread; :func:`faster` calls a difference only where it exceeds that spread,
+and :func:`beyond_spread` is the same rule for any two medians with their spreads (the chapter
+uses one rule for every "faster").
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from fp8lab.attention.functional import AttentionShape
 from fp8lab.attention.run import _builder, _Options, _Workload
 from fp8lab.devices import resolve_device
 
-__all__ = ["backend_step", "faster", "interleaved_rounds", "round_summary"]
+__all__ = ["backend_step", "beyond_spread", "faster", "interleaved_rounds", "round_summary"]
 
 
 def backend_step(
@@ -155,7 +157,17 @@ def faster(summary: pd.DataFrame, first: str, second: str) -> str:
                 f"{argument}={name!r}: not a backend of this summary ({list(summary.index)})"
             )
     a, b = summary.loc[first], summary.loc[second]
-    gap = abs(a["kernel ms"] / b["kernel ms"] - 1)
-    if not gap > max(a["spread"], b["spread"]):
+    if not beyond_spread(a["kernel ms"], b["kernel ms"], a["spread"], b["spread"]):
         return "tied (within the spread)"
     return f"{first if a['kernel ms'] < b['kernel ms'] else second} faster"
+
+
+def beyond_spread(first_ms: float, second_ms: float, *spreads: float) -> bool:
+    """Whether two median times differ by more than the larger of their relative spreads:
+    ``|first / second - 1| > max(spreads)``. Inside it, which is faster is not a result."""
+    first_ms = checks.number("first_ms", first_ms, positive=True)
+    second_ms = checks.number("second_ms", second_ms, positive=True)
+    if not spreads:
+        raise ValueError("spreads: give at least one relative spread (e.g. 0.05 for 5%)")
+    limit = max(checks.number("spreads", s, non_negative=True) for s in spreads)
+    return abs(first_ms / second_ms - 1) > limit

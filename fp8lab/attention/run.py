@@ -26,7 +26,13 @@ from fp8lab import checks, profiling
 from fp8lab.attention import backends
 from fp8lab.attention.backends import BACKENDS, EXPECTED_FAMILY, TE_SWITCHES, backend_context
 from fp8lab.attention.functional import AttentionShape, explicit_attention, sdpa_attention
-from fp8lab.attention.logs import _first_line, _reasons, _selected, capture_te_log
+from fp8lab.attention.logs import (
+    _first_line,
+    _reasons,
+    _selected,
+    capture_te_log,
+    refusal_reason,
+)
 from fp8lab.devices import resolve_device
 from fp8lab.speedometer import Timing, time_callable
 
@@ -246,7 +252,7 @@ class _Attempt:
         reasons = _reasons(self.log)
         return AttentionResult(
             status="refused",
-            reason="; ".join([_first_line(error)[:160]] + reasons[:6]),
+            reason="; ".join([refusal_reason(error)[:160]] + reasons[:4]),
             log=tuple(self.log),
             te_selected=_selected(self.log),
             **self.common,
