@@ -41,7 +41,7 @@ _CHILD_MARK = "@@fp8lab-case"
 _TE_LINE = re.compile(r"\[(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*\|")
 _PY_WARNING = re.compile(r"\.py:\d+: |^\s+warnings\.warn|^\s{2,}")
 _WHY = re.compile(
-    r"Disabling|not installed|Please install|NoBackend|not used because|"
+    r"Disabling|not installed|NoBackend|not used because|"
     r"does not support|not supported|requires",
     re.I,
 )
