@@ -54,6 +54,10 @@ def _sized(part, **kwargs):
     return sizes
 
 
+def _verdict(batch, precision, gpu, headroom):
+    return memory.fit_verdict(memory.estimate(TINY, batch, 16, precision=precision), gpu, headroom)
+
+
 def _fits(batch, headroom):
     return memory.fitting_gpus(memory.estimate(TINY, batch, 16), headroom)
 
@@ -169,7 +173,19 @@ ENTRIES = {
             "memory_bytes": maybe(reals(1e9, 1e11)),
             "headroom": maybe(reals(0.1, 1)),
             "context_bytes": maybe(reals(0, 1e9)),
+            "compute": maybe(st.sampled_from(list(memory.PRECISIONS))),
+            "compute_capability": maybe(st.sampled_from([None, (8, 0), (8, 9), (9, 0)])),
         },
+    ),
+    "memory.fit_verdict": Entry(
+        _verdict,
+        {
+            "batch": maybe(ints()),
+            "precision": maybe(st.sampled_from(["bf16", "fp8-delayed", "fp8-block"])),
+            "gpu": maybe(st.sampled_from(["A100 SXM4 80GB", "L4", "L40S", "H100 SXM"])),
+            "headroom": maybe(reals(0.1, 1)),
+        },
+        aliases={"gpu": ["name"]},
     ),
     "memory.measured_phase": Entry(
         memory.measured_phase,

@@ -737,13 +737,61 @@ def test_one_fits_policy_for_the_calculator_and_the_search():
     est = memory.estimate(cfg, 4, 2048)
     for _, gb, ok in memory.fitting_gpus(est):
         assert ok == memory.fits(est.peak_bytes, gb * 1e9)
-    from fp8lab.datasheet import gpu_spec
+    from fp8lab.datasheet import DATASHEET, gpu_spec
+
+    fp8 = memory.estimate(cfg, 4, 2048, precision="fp8-current")
+    answer = {name: ok for name, _, ok in memory.fitting_gpus(fp8)}
+    for spec in DATASHEET:
+        ok = memory.fits(
+            fp8.peak_bytes,
+            spec.memory_bytes,
+            compute=fp8.compute,
+            compute_capability=spec.compute_capability,
+        )
+        assert answer[spec.name] == ok == (memory.fit_verdict(fp8, spec.name) == "fits")
 
     b = memory.largest_micro_batch(cfg, 2048, "H100 SXM")
     h100 = gpu_spec("H100 SXM").memory_bytes
     assert memory.fits(memory.estimate(cfg, b, 2048).peak_bytes, h100)
     assert not memory.fits(memory.estimate(cfg, b + 1, 2048).peak_bytes, h100)
     assert memory.HEADROOM == 0.9
+
+
+def test_fp8_needs_a_gpu_that_runs_fp8_whatever_its_memory():
+    """An A100 (sm_80) has the memory for an FP8 step but no FP8 tensor cores: TE refuses FP8
+    GEMMs below sm_89 (block scaling below sm_90), so the policy answers no, with the reason."""
+    from fp8lab.datasheet import gpu_spec
+
+    cfg = preset_config("llama-1b")
+    a100, l40s, h100 = (gpu_spec(n) for n in ("A100 SXM4 80GB", "L40S", "H100 SXM"))
+    bf16 = memory.estimate(cfg, 1, 2048)
+    fp8 = memory.estimate(cfg, 1, 2048, precision="fp8-delayed")
+    block = memory.estimate(cfg, 1, 2048, precision="fp8-block")
+    assert (bf16.compute, fp8.compute, block.compute) == ("bf16", "fp8-delayed", "fp8-block")
+    assert memory.fits(fp8.peak_bytes, a100.memory_bytes)  # the memory alone has room
+    assert memory.fit_verdict(bf16, a100) == "fits"
+    assert memory.fit_verdict(fp8, a100) == "no FP8 on this GPU"
+    assert memory.fit_verdict(fp8, "A100 PCIe 40GB") == "no FP8 on this GPU"
+    assert memory.fit_verdict(fp8, h100) == memory.fit_verdict(fp8, l40s) == "fits"
+    assert memory.fit_verdict(block, l40s) == "no FP8 block scaling on this GPU"
+    assert memory.fit_verdict(block, h100) == "fits"
+    assert memory.fit_verdict(memory.estimate(cfg, 64, 2048), "L4") == "too small"
+    verdicts = {name: ok for name, _, ok in memory.fitting_gpus(fp8)}
+    assert not any(ok for name, ok in verdicts.items() if name.startswith("A100"))
+    assert verdicts["H100 SXM"] and verdicts["L40S"]
+    assert memory.largest_micro_batch(cfg, 2048, "A100 SXM4 80GB", precision="fp8-delayed") == 0
+    assert memory.largest_micro_batch(cfg, 2048, "A100 SXM4 80GB") > 0
+    assert not memory.fits(1.0, 80e9, compute="fp8-current", compute_capability=(8, 0))
+    assert memory.fits(1.0, 80e9, compute="fp8-current", compute_capability=(8, 9))
+    assert memory.fits(1.0, 80e9, compute="bf16", compute_capability=(7, 0))
+    with pytest.raises(ValueError, match="compute="):
+        memory.fits(1.0, 80e9, compute="fp8")
+    with pytest.raises(TypeError, match="compute_capability="):
+        memory.fits(1.0, 80e9, compute="fp8-delayed", compute_capability=8.9)
+    with pytest.raises(TypeError, match="gpu="):
+        memory.fit_verdict(fp8, 80)
+    with pytest.raises(ValueError, match="no datasheet entry"):
+        memory.fit_verdict(fp8, "A99")
 
 
 def test_chapter_08_layouts_are_under_predicted_as_chapter_07_says():

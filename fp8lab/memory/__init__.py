@@ -56,9 +56,9 @@ parameter), :mod:`~fp8lab.memory.activations` (saved tensors and backward transi
 (every size of a step, computed once), :mod:`~fp8lab.memory.timeline` and
 :mod:`~fp8lab.memory.tree` (the simulated step and the breakdown, both reading those sizes),
 :mod:`~fp8lab.memory.estimator` (:func:`estimate`), :mod:`~fp8lab.memory.fit` (one fits policy:
-which GPUs, which micro-batch), :mod:`~fp8lab.memory.phases` (the estimate's peaks under the
-phases a measurement marks) and :mod:`~fp8lab.memory.validation` (the estimator against the
-committed measurements).
+which GPUs, their memory and the FP8 they run, which micro-batch),
+:mod:`~fp8lab.memory.phases` (the estimate's peaks under the phases a measurement marks) and
+:mod:`~fp8lab.memory.validation` (the estimator against the committed measurements).
 """
 
 from __future__ import annotations
@@ -76,7 +76,14 @@ from fp8lab.memory.constants import (  # noqa: F401 -- constants the chapters re
     MiB,
 )
 from fp8lab.memory.estimator import MemoryEstimate, estimate
-from fp8lab.memory.fit import HEADROOM, fits, fitting_gpus, largest_micro_batch  # noqa: F401
+from fp8lab.memory.fit import (  # noqa: F401 -- HEADROOM, FP8_MIN_CAPABILITY: constants
+    FP8_MIN_CAPABILITY,
+    HEADROOM,
+    fit_verdict,
+    fits,
+    fitting_gpus,
+    largest_micro_batch,
+)
 from fp8lab.memory.layouts import (
     WEIGHTS,
     Layout,
@@ -107,6 +114,7 @@ __all__ = [
     "backward_transients",
     "bytes_per_parameter",
     "estimate",
+    "fit_verdict",
     "fits",
     "fitting_gpus",
     "korthikanti_activations",

@@ -34,7 +34,9 @@ class MemoryEstimate:
     ``phases``: the peak of each phase (``"build"``, ``"forward"``, ``"backward"``,
     ``"optimizer step"``); ``peak_event``: the moment of the peak; ``at_peak``: what is live
     then, by part; ``timeline``: ``(event, live bytes)`` through the simulated steps;
-    ``runtime``: one-off memory beside the peak (cuBLAS workspace, CUDA context).
+    ``runtime``: one-off memory beside the peak (cuBLAS workspace, CUDA context);
+    ``compute``: the layers' compute precision (a key of :data:`COMPUTE`), which decides the
+    GPUs that can run the step at all (:func:`fp8lab.memory.fits`).
     """
 
     tree: MemoryNode
@@ -44,6 +46,7 @@ class MemoryEstimate:
     peak_event: str = ""
     at_peak: dict = field(default_factory=dict)
     timeline: tuple = ()
+    compute: str = "bf16"
 
     @property
     def peak_mib(self) -> float:
@@ -114,6 +117,7 @@ def estimate(
         peak_event=tl.peak_event,
         at_peak=dict(tl.at_peak),
         timeline=tuple(tl.events),
+        compute=spec.compute,
     )
 
 
