@@ -28,8 +28,7 @@ from fp8lab.weights.graphs import attempt
 from fp8lab.weights.paired import paired_difference
 from fp8lab.weights.rounds import ProfiledCalls, RoundTimes, alternate_rounds, profiled_calls
 from fp8lab.weights.sizing import fsdp_gather_bytes, largest_layers
-from fp8lab.weights.words import (change, count_words, ratio_words, smallest_words,
-                                  spread_words)
+from fp8lab.weights.words import change, count_words, ratio_words, smallest_words, spread_words
 
 __all__ = [
     "ModelKit",
