@@ -6,6 +6,7 @@ import hypothesis.strategies as st
 import torch
 
 from fp8lab import reference, weights
+from fp8lab.profiling import Profile
 from tests.property_support import TINY, Entry, ints, maybe, reals
 
 
@@ -59,4 +60,28 @@ ENTRIES["weights.paired_difference"] = Entry(
                                                     margin)["mean"],
     {"shift": st.floats(0, 1), "margin": maybe(reals(0, 1))},
     signed=True,
+)
+ENTRIES["weights.count_words"] = Entry(
+    lambda count: len(weights.count_words(count, "step")), {"count": maybe(ints(0, 100))}
+)
+ENTRIES["weights.smallest_words"] = Entry(
+    lambda value: len(weights.smallest_words({"a": value, "b": 1.0})),
+    {"value": maybe(reals())},
+    aliases={"value": ["values"]},
+)
+ENTRIES["weights.spread_words"] = Entry(
+    lambda value: len(weights.spread_words([value, 1.0, 1.0], "step")),
+    {"value": maybe(reals())},
+    aliases={"value": ["times_ms"]},
+)
+ENTRIES["weights.profiled_calls"] = Entry(
+    lambda iters: len(weights.profiled_calls(lambda: None, iters=iters).times_ms),
+    {"iters": maybe(ints(1, 3))},
+    examples=5,
+)
+ENTRIES["weights.ProfiledCalls"] = Entry(
+    lambda value: weights.ProfiledCalls((value,), Profile((), {}, {}, 1, "cpu")).median_ms,
+    {"value": maybe(reals())},
+    aliases={"value": ["times_ms"]},
+    examples=10,
 )

@@ -48,6 +48,7 @@ def test_alternate_rounds_runs_in_rounds_and_gives_ratios():
     assert low <= ratio <= high
     table = times.table()
     assert list(table.index) == ["A", "B"] and table["GPU idle"].isna().all()
+    assert len(times.flat("A")) == 6
     with pytest.raises(ValueError, match="label"):
         times.median("C")
 
@@ -75,7 +76,8 @@ def test_fsdp_fp8_gather_halves_the_weight_traffic():
 def test_expected_state_bytes():
     values = {label: expected_bytes(o) for label, o in STATE_OPTIONS.items()}
     assert values["FP32 master, FP32 moments (default)"] == 12
-    assert values["FP32 master, FP8 moments"] == 6
+    assert values["FP32 master, FP8 moments"] == 8  # Hopper: each FP8 moment keeps a transpose
+    assert expected_bytes(STATE_OPTIONS["FP32 master, FP8 moments"], fp8_transpose=False) == 6
     assert values["FP32 master as BF16 remainders"] == 10
     assert values["no master weights"] == 8
     with pytest.raises(ValueError, match="options"):
@@ -86,6 +88,35 @@ def test_attempt_turns_an_error_into_a_row():
     assert attempt(lambda: 3) == (3, None)
     value, reason = attempt(lambda: 1 / 0)
     assert value is None and reason.startswith("refused: ZeroDivisionError")
+
+    def refuse():
+        raise RuntimeError("Use master_weights=True.")
+
+    assert attempt(refuse)[1] == "refused: RuntimeError: Use master_weights=True"
+
+
+def test_words_agree_tie_and_locate_the_spread():
+    from fp8lab.weights.words import count_words, smallest_words, spread_words
+
+    assert count_words(1, "micro-batch") == "1 micro-batch"
+    assert count_words(4, "micro-batch") == "4 micro-batches"
+    assert smallest_words({"a": 12.0, "b": 8.0, "c": 7.99}) == "“b” and “c” tie at 8.0 B/param"
+    assert smallest_words({"a": 12.0, "b": 6.0}) == "“b”, at 6.0 B/param"
+    assert smallest_words({"a": math.nan}) == "not measured"
+    one_slow = spread_words([96.0, 58.0, 57.0, 58.5], "step")
+    assert one_slow.startswith("1 of 4 steps ran slow (the 1st: 96.0 ms")
+    assert spread_words([1.0, 1.1, 0.9, 1.0]).endswith("scatter evenly around the median")
+
+
+def test_profiled_calls_time_the_profiled_calls():
+    from fp8lab.weights import profiled_calls
+
+    calls = profiled_calls(lambda: torch.ones(64, 64) @ torch.ones(64, 64), iters=3)
+    assert len(calls.times_ms) == 3 and calls.median_ms >= 0
+    assert math.isnan(calls.idle_fraction)  # no kernels on a CPU
+    times = alternate_rounds({"A": lambda: None}, rounds=2, iters=1, warmup=0)
+    row = times.table({"A": calls}).loc["A"]
+    assert row["profiled step (ms)"] == calls.mean_ms
 
 
 def _fp8_linear(te, recipe):

@@ -4,8 +4,9 @@
   a small GPT), built seeded, optionally under ``te.quantized_model_init``, with the memory
   probes the chapter reads (allocated bytes, a clean slate before each measurement);
 * :mod:`~fp8lab.weights.rounds` -- step times in alternating rounds (A B A B ...), each
-  configuration's median and spread, a ratio with its round-to-round spread, and the kernel
-  time and idle share of the GPU beside every step time;
+  configuration's median and spread, a ratio with its round-to-round spread, and calls timed
+  while the profiler records them, so that a call's time, its kernel time and the GPU's idle
+  share come from one measurement;
 * :mod:`~fp8lab.weights.graphs` -- a step of the stack under CUDA graphs
   (``te.make_graphed_callables``), so that the GPU, not the host, sets its time; a refusal
   becomes a row, not an exception;
@@ -16,7 +17,8 @@
 * :mod:`~fp8lab.weights.paired` -- paired differences over seeds with a confidence interval,
   judged against a margin declared before the runs;
 * :mod:`~fp8lab.weights.words` -- sentences picked from a measured sign, so that a glued
-  sentence cannot contradict its number;
+  sentence cannot contradict its number (and nouns that agree with theirs, ties named as ties,
+  spreads traced to their calls);
 * :mod:`~fp8lab.weights.stale_transpose` -- a standalone reproduction of the stale FP8 weight
   transpose that TE's ``FusedAdam`` leaves under delayed scaling.
 """
@@ -24,18 +26,23 @@
 from fp8lab.weights.bench import ModelKit
 from fp8lab.weights.graphs import attempt
 from fp8lab.weights.paired import paired_difference
-from fp8lab.weights.rounds import RoundTimes, alternate_rounds
+from fp8lab.weights.rounds import ProfiledCalls, RoundTimes, alternate_rounds, profiled_calls
 from fp8lab.weights.sizing import fsdp_gather_bytes, largest_layers
-from fp8lab.weights.words import change, ratio_words
+from fp8lab.weights.words import change, count_words, ratio_words, smallest_words, spread_words
 
 __all__ = [
     "ModelKit",
+    "ProfiledCalls",
     "RoundTimes",
     "alternate_rounds",
     "attempt",
     "change",
+    "count_words",
     "fsdp_gather_bytes",
     "largest_layers",
     "paired_difference",
+    "profiled_calls",
     "ratio_words",
+    "smallest_words",
+    "spread_words",
 ]

@@ -31,13 +31,15 @@ __all__ = ["attempt", "graphed_stack_step"]
 
 
 def attempt(fn: Callable[[], Any]) -> tuple[Any, str | None]:
-    """``(fn(), None)``, or ``(None, "refused: <error>")`` if it raises."""
+    """``(fn(), None)``, or ``(None, "refused: <error>")`` if it raises (the error's first line,
+    no closing period)."""
     if not callable(fn):
         raise TypeError(f"fn must be callable, not {type(fn).__name__}")
     try:
         return fn(), None
     except Exception as error:  # a refusal becomes a row of the page, not a dead notebook
-        first = (str(error).strip().splitlines() or [""])[0][:120]
+        # its first line, without a closing period: the words go into sentences and cells
+        first = (str(error).strip().splitlines() or [""])[0][:120].rstrip(". ")
         return None, f"refused: {type(error).__name__}: {first}"
 
 

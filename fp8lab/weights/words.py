@@ -4,7 +4,10 @@ A sentence written before the run ("FP8 weights are faster: {ratio} times") read
 the run disagrees ("faster ... 0.94 times"), and a rounded difference can read "0.00 GiB less".
 :func:`change` words a signed difference from the value as it will be printed; :func:`ratio_words`
 words a speed ratio against its round-to-round spread, and says "within the noise" when the
-spread covers 1.
+spread covers 1. :func:`count_words` agrees a noun with its number ("1 micro-batch");
+:func:`smallest_words` names the smallest of several measured values and the ones that tie with
+it at the printed precision; :func:`spread_words` says which calls make a spread (one slow call
+or a broad scatter), so that a reader sees where it comes from.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 
 from fp8lab import checks
 
-__all__ = ["change", "ratio_words"]
+__all__ = ["change", "count_words", "ratio_words", "smallest_words", "spread_words"]
 
 
 def change(value: float, unit: str = "ms", digits: int = 2, *, more: str = "more",
@@ -63,3 +66,65 @@ def ratio_words(ratio: float, low: float, high: float, *, faster: str = "faster"
     if ratio > 1.0:
         return f"{ratio:.2f}x as fast ({faster})"
     return f"{ratio:.2f}x the speed ({slower})"
+
+
+def count_words(count: int, noun: str, plural: str | None = None) -> str:
+    """``"1 micro-batch"``, ``"4 micro-batches"``: the noun agrees with ``count``
+    (``plural`` defaults to ``noun + "es"`` after s, x, z, ch, sh, else ``noun + "s"``)."""
+    checks.integer("count", count, minimum=0)
+    if not isinstance(noun, str) or not noun:
+        raise TypeError(f"noun={noun!r}: must be a non-empty string")
+    if plural is None:
+        plural = noun + ("es" if noun.endswith(("s", "x", "z", "ch", "sh")) else "s")
+    elif not isinstance(plural, str):
+        raise TypeError(f"plural={plural!r}: must be a string")
+    return f"{count} {noun if count == 1 else plural}"
+
+
+def smallest_words(values: dict, unit: str = "B/param", digits: int = 1) -> str:
+    """``"“A”, at 6.0 B/param"`` for a sole smallest value, ``"“A” and “B” tie at 8.0 B/param"``
+    when others print the same at ``digits``; NaN values are left out (``"not measured"``
+    when all are NaN)."""
+    checks.integer("digits", digits, minimum=0)
+    if not isinstance(values, dict) or not values:
+        raise TypeError("values: must be a non-empty dict of label -> number")
+    shown = {}
+    for label, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"values[{label!r}]={value!r}: must be a number")
+        if not math.isnan(value):
+            shown[str(label)] = f"{value:.{digits}f}"
+    if not shown:
+        return "not measured"
+    low = min(shown.values(), key=float)
+    names = [f"“{label}”" for label, text in shown.items() if text == low]
+    if len(names) == 1:
+        return f"{names[0]}, at {low} {unit}"
+    listed = ", ".join(names[:-1]) + " and " + names[-1]
+    return f"{listed} tie at {low} {unit}"
+
+
+def spread_words(times_ms, what: str = "call", slow: float = 0.1) -> str:
+    """Where the spread of ``times_ms`` (in the order they ran) comes from: ``"1 of 4 calls
+    ran slow (the 1st: 96.1 ms against a median of 58.2 ms)"`` when a few calls ran more than
+    ``slow`` (a share) above the median, ``"the calls scatter evenly around the median"``
+    otherwise; ``what`` names a call (``"step"``, ``"round"``)."""
+    import statistics
+
+    if not isinstance(times_ms, (list, tuple)) or not times_ms:
+        raise TypeError("times_ms: must be a non-empty list of times in ms")
+    for value in times_ms:
+        checks.number("times_ms[i]", value, non_negative=True)
+    if not isinstance(what, str) or not what:
+        raise TypeError(f"what={what!r}: must be a non-empty string")
+    slow = checks.number("slow", slow, positive=True)
+    median = statistics.median(times_ms)
+    late = [i for i, t in enumerate(times_ms) if t > median * (1 + slow)]
+    if not late or len(late) * 2 > len(times_ms):
+        return f"the {what}s scatter evenly around the median"
+    worst = max(late, key=lambda i: times_ms[i])
+    nth = worst + 1
+    place = "th" if 10 <= nth % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(nth % 10, "th")
+    return (f"{len(late)} of {count_words(len(times_ms), what)} ran slow (the "
+            f"{nth}{place}: {times_ms[worst]:,.1f} ms against a median of "
+            f"{median:,.1f} ms)")
