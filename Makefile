@@ -9,6 +9,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The virtual environment sees only what requirements.txt and pyproject.toml declare, so that an
+# import nobody declared fails here, not on a reader's machine. SYSTEM_SITE=1 lets it see the
+# system's packages instead: for a GPU container whose CUDA build of torch (and Transformer
+# Engine) must be reused, e.g. `make book SYSTEM_SITE=1`.
+SYSTEM_SITE ?=
+VENV_FLAGS := $(if $(filter 1 yes true,$(SYSTEM_SITE)),--system-site-packages,)
 # torch is installed only when none is importable (an existing CUDA torch is kept as it is).
 # Where no local CPU wheel is available, add: TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
@@ -23,7 +29,7 @@ PAGE_CHECK_ARGS ?= --strict-code --strict-figures
 .PHONY: book test lint unit notebooks book-strict page-check gpu-lane check-stamps lab kernel clean
 
 $(BIN)/.installed: requirements.txt pyproject.toml
-	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)" $(TORCH_PIP_ARGS)
 	$(BIN)/python -m pip install -q -r requirements.txt -e ".[test]"
 	touch $@

@@ -1,10 +1,10 @@
-"""Helpers for the notebooks' output: glue numbers into the prose, format them and the tables,
-show progress.
+"""Helpers for the notebooks' output: glue numbers and verdicts into the prose, format them and
+the tables, show progress.
 
-:func:`glue` uses ``myst_nb.glue`` when MyST-NB is installed and otherwise writes
-the same output (a display bundle with ``scrapbook`` metadata, as MyST-NB 1.x
-does), so a GPU box without the book's tool chain still produces outputs that
-``{glue}`` roles in the rendered book can read.
+:func:`glue` writes what ``myst_nb.glue`` writes (a display bundle with ``scrapbook``
+metadata, as MyST-NB 1.x does), so a GPU box without the book's tool chain still produces
+outputs that ``{glue}`` roles in the rendered book can read; :func:`glue_verdict` adds a
+verdict's facts to it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from fp8lab import checks
 # IPython raises the interpreter's recursion limit when it is first imported; importing it here,
 # with the module, keeps that change out of whatever later calls glue (a property-test run, say).
 
-__all__ = ["PLOT_STYLE", "fmt", "glue", "pct", "plot_style", "progress", "table"]
+__all__ = ["PLOT_STYLE", "fmt", "glue", "glue_verdict", "pct", "plot_style", "progress", "table"]
 
 GLUE_PREFIX = "application/papermill.record/"
 _NOTHING = object()
@@ -44,20 +44,33 @@ def glue(name: str | None = None, value: Any = _NOTHING, display: bool = False, 
     _glue_one(name, value, display)
 
 
-def _glue_one(name: str, value: Any, display: bool) -> None:
+def _glue_one(name: str, value: Any, display: bool, record: dict | None = None) -> None:
+    """One glued value, written as MyST-NB 1.x writes it (a display bundle with ``scrapbook``
+    metadata), with ``record`` (a verdict's facts) kept beside it under ``fp8lab``."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"name={name!r}: must be a non-empty string")
-    try:
-        from myst_nb import glue as myst_glue
-    except ImportError:
-        myst_glue = None
-    if myst_glue is not None:
-        myst_glue(name, value, display=display)
-        return
     bundle, metadata = format_display_data(value)
     prefix = "" if display else GLUE_PREFIX
     metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+    if record is not None:
+        metadata["fp8lab"] = record
     ipy_display({prefix + key: item for key, item in bundle.items()}, raw=True, metadata=metadata)
+
+
+def glue_verdict(name: str, verdict: Any, text: str | None = None) -> None:
+    """Glue a verdict of :mod:`fp8lab.protocol` (a ``Comparison`` or a ``Paired``) as
+    ``text`` (default: its ``phrase()``), keeping its ``record()`` with it, so that a re-run of
+    the chapter in another GPU session can list what flipped (``python -m tools.lane
+    verdicts``)."""
+    if not callable(getattr(verdict, "record", None)) or not callable(
+        getattr(verdict, "phrase", None)
+    ):
+        raise TypeError(
+            f"verdict: must be a protocol Comparison or Paired, not {type(verdict).__name__}"
+        )
+    if text is not None and not isinstance(text, str):
+        raise TypeError(f"text={checks.show(text)}: must be a string")
+    _glue_one(name, verdict.phrase() if text is None else text, False, verdict.record())
 
 
 def _number(value: Any, digits: int) -> float | None:

@@ -28,6 +28,7 @@ __all__ = [
     "MatmulResult",
     "measure_ceilings",
     "measure_copy_bandwidth",
+    "matmul_step",
     "measure_matmul",
 ]
 
@@ -105,26 +106,22 @@ def _check_matmul(m, n, k, dtype, warmup, iters, layout, fast_accumulation) -> s
     return key
 
 
-def measure_matmul(
+def matmul_step(
     m: int,
     n: int,
     k: int,
     dtype: str = "bf16",
     *,
-    warmup: int = 10,
-    iters: int = 50,
     layout: str = "tn",
     fast_accumulation: bool = False,
     device: torch.device | str | None = None,
-) -> MatmulResult:
-    """Time ``A @ B`` for ``A: (M, K)``, ``B: (K, N)`` on random data.
-
-    ``layout="tn"`` stores ``B`` as ``(N, K)`` row-major and passes it transposed, as
-    ``nn.Linear`` does (``x @ W.T``) and as cuBLAS requires for FP8; ``"nn"`` stores ``B``
-    as ``(K, N)`` (16- and 32-bit only). ``fast_accumulation`` applies to FP8 only.
-    """
+):
+    """A zero-argument callable that computes one ``(M, K) @ (K, N)`` product on random data,
+    rotating operand sets (on a GPU) so that repeats do not run from the L2 cache: the step
+    :func:`measure_matmul` times, and the step a chapter hands to :func:`fp8lab.protocol.rounds`.
+    Arguments as for :func:`measure_matmul`."""
     m, n, k = (checks.integer(name, value) for name, value in (("m", m), ("n", n), ("k", k)))
-    key = _check_matmul(m, n, k, dtype, warmup, iters, layout, fast_accumulation)
+    key = _check_matmul(m, n, k, dtype, 0, 1, layout, fast_accumulation)
     device = resolve_device(device, default=True)
     operand_bytes = (m * k + n * k) * (1 if key == "fp8" else 2)
     count = (
@@ -149,6 +146,33 @@ def measure_matmul(
             )
         return a @ b if layout == "nn" else a @ b.t()
 
+    return product
+
+
+def measure_matmul(
+    m: int,
+    n: int,
+    k: int,
+    dtype: str = "bf16",
+    *,
+    warmup: int = 10,
+    iters: int = 50,
+    layout: str = "tn",
+    fast_accumulation: bool = False,
+    device: torch.device | str | None = None,
+) -> MatmulResult:
+    """Time ``A @ B`` for ``A: (M, K)``, ``B: (K, N)`` on random data.
+
+    ``layout="tn"`` stores ``B`` as ``(N, K)`` row-major and passes it transposed, as
+    ``nn.Linear`` does (``x @ W.T``) and as cuBLAS requires for FP8; ``"nn"`` stores ``B``
+    as ``(K, N)`` (16- and 32-bit only). ``fast_accumulation`` applies to FP8 only.
+    """
+    m, n, k = (checks.integer(name, value) for name, value in (("m", m), ("n", n), ("k", k)))
+    key = _check_matmul(m, n, k, dtype, warmup, iters, layout, fast_accumulation)
+    device = resolve_device(device, default=True)
+    product = matmul_step(
+        m, n, k, key, layout=layout, fast_accumulation=fast_accumulation, device=device
+    )
     label = f"{key} {layout} {m}x{n}x{k}" + (" fast-accum" if fast_accumulation else "")
     timing = time_callable(product, warmup=warmup, iters=iters, device=device, label=label)
     return MatmulResult(m, n, k, key, timing, fast_accumulation)

@@ -41,7 +41,7 @@ import torch
 from fp8lab import checks
 from fp8lab.devices import resolve_device
 
-__all__ = ["MODES", "Timing", "speedometer", "time_callable"]
+__all__ = ["MODES", "Timing", "speedometer", "time_callable", "time_calls"]
 
 MODES = ("forward", "forward_backward", "step")
 
@@ -185,30 +185,39 @@ def _warm_up(fn, warmup: int, min_warmup_ms: float, device: torch.device) -> Non
             torch.cuda.synchronize(device)
 
 
-def _time_on_gpu(fn, iters: int, device: torch.device, measure_memory: bool):
-    """Per-call times from CUDA events, and the peak memory when asked for."""
+def time_calls(fn: Callable[[], Any], calls: int, device: torch.device) -> tuple[float, ...]:
+    """The book's one clock: milliseconds of each of ``calls`` back-to-back calls of ``fn``.
+
+    On a GPU a pair of CUDA events brackets each call and the host waits once, after the last,
+    so the queue stays as full as in training (a call whose host work outlasts its kernels is
+    timed as the host sets it). On a CPU ``time.perf_counter`` brackets each call.
+    """
+    if device.type != "cuda":
+        times = []
+        for _ in range(calls):
+            begin = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - begin) * 1e3)
+        return tuple(times)
     torch.cuda.synchronize(device)
-    if measure_memory:
-        torch.cuda.reset_peak_memory_stats(device)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     for start, end in zip(starts, ends, strict=True):
         start.record()
         fn()
         end.record()
     torch.cuda.synchronize(device)
-    times = tuple(start.elapsed_time(end) for start, end in zip(starts, ends, strict=True))
-    peak = torch.cuda.max_memory_allocated(device) if measure_memory else None
-    return times, peak
+    return tuple(start.elapsed_time(end) for start, end in zip(starts, ends, strict=True))
 
 
-def _time_on_cpu(fn, iters: int):
-    times_list = []
-    for _ in range(iters):
-        begin = time.perf_counter()
-        fn()
-        times_list.append((time.perf_counter() - begin) * 1e3)
-    return tuple(times_list), None
+def _timed_calls(fn, iters: int, device: torch.device, measure_memory: bool):
+    """Per-call times, and the peak memory over them when asked for (GPU only)."""
+    if device.type == "cuda" and measure_memory:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    times = time_calls(fn, iters, device)
+    cuda_peak = device.type == "cuda" and measure_memory
+    return times, torch.cuda.max_memory_allocated(device) if cuda_peak else None
 
 
 def _out_of_memory(error, label: str, device: torch.device, fields: dict) -> MemoryError:
@@ -244,10 +253,7 @@ def time_callable(
     device = resolve_device(device, default=True)
     try:
         _warm_up(fn, warmup, min_warmup_ms, device)
-        if device.type == "cuda":
-            times, peak = _time_on_gpu(fn, iters, device, measure_memory)
-        else:
-            times, peak = _time_on_cpu(fn, iters)
+        times, peak = _timed_calls(fn, iters, device, measure_memory)
     except torch.cuda.OutOfMemoryError as error:
         raise _out_of_memory(error, label, device, result_fields) from error
     return Timing(
