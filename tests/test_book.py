@@ -7,27 +7,35 @@ import pytest
 from fp8lab import book
 
 
-def _captured_glue(monkeypatch, hide_myst: bool):
-    shown = []
-    monkeypatch.setattr(book, "ipy_display", lambda *a, **k: shown.append((a, k)))
-    if hide_myst:
-        monkeypatch.setitem(sys.modules, "myst_nb", None)
-    book.glue("answer", 42, display=False)
-    return shown
-
-
-def test_fallback_glue_matches_myst_nb(monkeypatch):
+def test_glue_writes_what_myst_nb_writes(monkeypatch):
     pytest.importorskip("myst_nb")
     import myst_nb.ext.glue as myst_glue
 
-    shown_myst = []
+    shown_myst, shown_book = [], []
     monkeypatch.setattr(myst_glue, "ipy_display", lambda *a, **k: shown_myst.append((a, k)))
+    monkeypatch.setattr(book, "ipy_display", lambda *a, **k: shown_book.append((a, k)))
+    myst_glue.glue("answer", 42, display=False)
     book.glue("answer", 42, display=False)
-    fallback = _captured_glue(monkeypatch, hide_myst=True)
-    assert fallback == shown_myst
-    (bundle,), kwargs = fallback[0]
+    assert shown_book == shown_myst
+    (bundle,), kwargs = shown_book[0]
     assert bundle == {"application/papermill.record/text/plain": "42"}
     assert kwargs["metadata"]["scrapbook"] == {"name": "answer", "mime_prefix": book.GLUE_PREFIX}
+
+
+def test_a_glued_verdict_keeps_its_record(monkeypatch):
+    from fp8lab import protocol
+    from fp8lab.protocol.floor import Floor
+
+    shown = []
+    monkeypatch.setattr(book, "ipy_display", lambda *a, **k: shown.append((a, k)))
+    floor = Floor("device", 0.02, 3, 1)
+    verdict = protocol.Comparison("a", "b", (1.5, 1.5, 1.5), "wall", "device", floor)
+    book.glue_verdict("gain", verdict)
+    (bundle,), kwargs = shown[0]
+    assert kwargs["metadata"]["fp8lab"] == verdict.record()
+    assert verdict.phrase() in bundle["application/papermill.record/text/plain"]
+    with pytest.raises(TypeError, match="verdict"):
+        book.glue_verdict("gain", 1.5)
 
 
 def test_number_formats():

@@ -2,8 +2,11 @@
 
 ``python -m tools.lane run [NOTEBOOK ...]`` executes each chapter of ``_toc.yml`` (or the ones
 named) in place, one at a time (nbmake ``--overwrite``, preset ``full``), and stamps it
-(:mod:`fp8lab.stamp`). ``python -m tools.lane check`` prints each chapter's state (fresh,
-pending, broken) and exits non-zero only when one is broken. ``list`` prints the chapters.
+(:mod:`fp8lab.stamp`). ``python -m tools.lane verdicts [NOTEBOOK ...]``, in a GPU session other
+than the stamp's, executes them again into copies and reports every glued verdict that flipped
+(:mod:`tools.verdicts`; exit code 1 on a flip). ``python -m tools.lane check`` prints each
+chapter's state (fresh, pending, broken) and whether its stamp was re-run, and exits non-zero
+only when one is broken. ``list`` prints the chapters.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 from pathlib import Path
 
 from fp8lab import stamp
+from tools import verdicts
 
 ROOT = stamp.ROOT
 
@@ -43,10 +47,14 @@ def run(paths: list[Path], python: str = sys.executable) -> int:
 def check(paths: list[Path]) -> int:
     """Print every chapter's state; return 1 if one is broken."""
     statuses = [stamp.notebook_status(path) for path in paths]
-    for status in statuses:
+    for path, status in zip(paths, statuses, strict=True):
         print(status.summary())
         for reason in (status.broken or status.pending)[1:]:
             print(f"{'':9s}{reason}")
+        again = verdicts.current(path) if status.state != stamp.BROKEN else None
+        if again is not None:
+            print(f"{'':9s}re-run on {again['rerun']['gpu_name']} ({again['rerun']['date']}): "
+                  f"{again['flipped']} of {len(again['verdicts'])} verdicts flipped")
     counts = {state: sum(s.state == state for s in statuses) for state in ("fresh", "pending")}
     broken = len(statuses) - sum(counts.values())
     print(f"{counts['fresh']} fresh, {counts['pending']} pending, {broken} broken")
@@ -57,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.lane", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("action", choices=("run", "check", "list"))
+    parser.add_argument("action", choices=("run", "verdicts", "check", "list"))
     parser.add_argument(
         "notebooks", nargs="*", type=Path, help="default: every chapter in _toc.yml"
     )
@@ -71,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.action == "run":
         return 1 if run(paths) else 0
+    if args.action == "verdicts":
+        report, flips = verdicts.run(paths)
+        print(f"report: {report.relative_to(ROOT)}")
+        return 1 if flips else 0
     return check(paths)
 
 

@@ -1,0 +1,98 @@
+"""The re-run check of the chapters' verdicts (tools/verdicts.py) and its committed reports."""
+
+import json
+
+import pytest
+
+from fp8lab import protocol, stamp
+from fp8lab.protocol.floor import Floor
+from tools import verdicts
+
+FLOOR = Floor("device", 0.03, 3, 2)
+
+
+def glue_output(name, verdict):
+    """The output fp8lab.book.glue_verdict writes for ``verdict`` under ``name``."""
+    return {
+        "output_type": "display_data",
+        "data": {"application/papermill.record/text/plain": repr(verdict.phrase())},
+        "metadata": {"scrapbook": {"name": name, "mime_prefix": "application/papermill.record/"},
+                     "fp8lab": verdict.record()},
+    }
+
+
+def notebook_with(**glued):
+    cell = {"cell_type": "code", "source": "", "metadata": {}, "execution_count": 1,
+            "outputs": [glue_output(name, value) for name, value in glued.items()]}
+    return {"cells": [cell], "metadata": {}}
+
+
+def speed(ratios):
+    return protocol.Comparison("FP8", "BF16", tuple(ratios), "wall", "device", FLOOR)
+
+
+def accuracy(offset):
+    base = {s: 2.0 for s in range(5)}
+    treated = {s: 2.0 + offset + 0.001 * (s % 2) for s in range(5)}
+    return protocol.paired(treated, base, margin=0.01)
+
+
+def test_the_records_glued_by_the_book_are_read_back(monkeypatch):
+    from fp8lab import book
+
+    shown = []
+    monkeypatch.setattr(book, "ipy_display", lambda data, raw, metadata: shown.append(
+        {"output_type": "display_data", "data": data, "metadata": metadata}))
+    book.glue_verdict("fp8_gain", speed([1.5, 1.52, 1.49]))
+    book.glue("plain_number", 3)  # no record: not a verdict
+    found = verdicts.glued_records(
+        {"cells": [{"cell_type": "code", "outputs": shown, "source": ""}]})
+    assert list(found) == ["fp8_gain"]
+    assert found["fp8_gain"]["verdict"] == "faster"
+    assert found["fp8_gain"]["text"].startswith("1.50× faster")
+
+
+def test_a_changed_word_is_a_flip_and_a_large_move_is_reported():
+    stamped = verdicts.glued_records(notebook_with(
+        gain=speed([1.50, 1.51, 1.49]), tie=speed([1.00, 1.005, 0.998]),
+        drift=speed([1.50, 1.51, 1.49]), acc=accuracy(0.0)))
+    rerun = verdicts.glued_records(notebook_with(
+        gain=speed([1.52, 1.51, 1.50]),  # same word, within the floor
+        tie=speed([1.10, 1.11, 1.09]),  # tied -> faster
+        drift=speed([1.70, 1.71, 1.69]),  # faster both times, but 13% apart: beyond 3%
+        acc=accuracy(0.05)))  # within -> worse beyond the margin
+    rows = {row["name"]: row for row in verdicts.compare(stamped, rerun)}
+    assert not rows["gain"]["flipped"] and not rows["gain"]["moved"]
+    assert rows["tie"]["flipped"]
+    assert rows["drift"]["moved"] and not rows["drift"]["flipped"]
+    assert rows["acc"]["flipped"]
+
+
+def test_a_verdict_that_appears_or_vanishes_counts_as_flipped():
+    rows = verdicts.compare(verdicts.glued_records(notebook_with(a=speed([1.5, 1.5]))),
+                            verdicts.glued_records(notebook_with(b=speed([1.5, 1.5]))))
+    assert [r["flipped"] for r in rows] == [True, True]
+
+
+def test_the_report_of_the_committed_stamp_is_found(tmp_path):
+    chapter = tmp_path / "00_x.ipynb"
+    record = {"code_sha256": "abc", "date": "2026-11-27 10:00 UTC"}
+    chapter.write_text(json.dumps({"cells": [], "metadata": {"fp8lab": record}}))
+    report = {"chapters": {"00_x.ipynb": {"stamp": dict(record), "flipped": 0, "verdicts": [],
+                                         "rerun": {"gpu_name": "H", "date": "d"}}}}
+    (tmp_path / "20261127-1100_h.json").write_text(json.dumps(report))
+    assert verdicts.current(chapter, tmp_path)["flipped"] == 0
+    record["date"] = "2026-11-28 10:00 UTC"  # re-stamped since: the report is stale
+    chapter.write_text(json.dumps({"cells": [], "metadata": {"fp8lab": record}}))
+    assert verdicts.current(chapter, tmp_path) is None
+
+
+@pytest.mark.parametrize("path", stamp.toc_notebooks(), ids=lambda p: p.name)
+def test_no_committed_chapter_flipped_on_its_rerun(path):
+    """A chapter whose committed stamp was re-run in another GPU session kept every verdict."""
+    again = verdicts.current(path)
+    if again is None:
+        pytest.skip("this stamp has not been re-run in a second GPU session")
+    assert again["rerun"]["executed"]
+    flipped = [r["name"] for r in again["verdicts"] if r["flipped"]]
+    assert not flipped, f"{path.name}: verdicts flipped on re-run: {flipped}"

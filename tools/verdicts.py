@@ -1,0 +1,158 @@
+"""Do the chapters' verdicts survive a re-run? ``python -m tools.lane verdicts NOTEBOOK ...``.
+
+On a GPU box, each chapter is executed again (full preset) into a copy beside it, in a GPU
+session other than the one that stamped it, and every verdict its prose glues
+(:func:`fp8lab.book.glue_verdict`) is compared with the stamped one:
+
+* **flipped** -- the verdict word changed (faster, slower, tied, not resolved; within, worse or
+  better beyond the margin);
+* **moved** -- the word held, but the estimate moved by more than the floor it was judged
+  against (a speed ratio beyond its session floor; an accuracy difference by more than its
+  margin): the number the prose states as a result would read differently.
+
+The report (one JSON file, ``tests/gpu_results/verdicts/``) names both sessions (GPU, date) and
+the code hash of each chapter, so that a check on the CPU lane can tell whether it still
+describes the committed chapters. The committed notebooks are left as stamped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDER = ROOT / "tests" / "gpu_results" / "verdicts"
+RERUN_SUFFIX = ".rerun.ipynb"
+STAMP_KEY = "fp8lab"
+
+
+def glued_records(notebook: dict) -> dict[str, dict]:
+    """Every verdict a notebook glued: ``{name: {"text": ..., **record}}``, in cell order."""
+    found = {}
+    for cell in notebook.get("cells", []):
+        for output in cell.get("outputs", []) if cell.get("cell_type") == "code" else ():
+            metadata = output.get("metadata") or {}
+            name = (metadata.get("scrapbook") or {}).get("name")
+            record = metadata.get("fp8lab")
+            if not name or not isinstance(record, dict):
+                continue
+            data = output.get("data") or {}
+            text = next((v for k, v in data.items() if k.endswith("text/plain")), "")
+            text = "".join(text) if isinstance(text, list) else text
+            found[name] = {"text": text.strip("'\""), **record}
+    return found
+
+
+def _moved(stamped: dict, rerun: dict) -> bool:
+    """Whether the estimate moved beyond what the verdict was judged against."""
+    a, b = stamped.get("estimate"), rerun.get("estimate")
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return False
+    if stamped.get("kind") == "speed":
+        floor = stamped.get("floor", math.inf)
+        return a > 0 and b > 0 and abs(math.log(b / a)) > math.log1p(floor)
+    return abs(b - a) > float(stamped.get("margin", math.inf))
+
+
+def compare(stamped: dict[str, dict], rerun: dict[str, dict]) -> list[dict]:
+    """One row per verdict of either run: both words and estimates, flipped, moved."""
+    rows = []
+    for name in list(stamped) + [n for n in rerun if n not in stamped]:
+        a, b = stamped.get(name), rerun.get(name)
+        row = {"name": name, "kind": (a or b).get("kind")}
+        row["stamped"] = None if a is None else {k: a.get(k) for k in ("verdict", "estimate",
+                                                                        "low", "high", "text")}
+        row["rerun"] = None if b is None else {k: b.get(k) for k in ("verdict", "estimate",
+                                                                     "low", "high", "text")}
+        row["flipped"] = a is None or b is None or a.get("verdict") != b.get("verdict")
+        row["moved"] = not row["flipped"] and _moved(a, b)
+        row["floor" if row["kind"] == "speed" else "margin"] = (a or b).get(
+            "floor" if row["kind"] == "speed" else "margin")
+        rows.append(row)
+    return rows
+
+
+def _execute(copy: Path) -> tuple[bool, float]:
+    begin = time.perf_counter()
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbmake",
+               "--nbmake-timeout=900", "--overwrite", str(copy)]
+    result = subprocess.run(command, env=dict(os.environ, FP8LAB_PRESET="full"), cwd=ROOT)
+    return result.returncode == 0, time.perf_counter() - begin
+
+
+def rerun(path: Path) -> dict:
+    """Execute ``path`` into a copy beside it and compare its verdicts with the stamped ones."""
+    from fp8lab import stamp
+
+    committed = json.loads(path.read_text())
+    record = committed["metadata"].get(STAMP_KEY) or {}
+    copy = path.with_name(path.stem + RERUN_SUFFIX)
+    copy.write_text(path.read_text())
+    try:
+        ok, seconds = _execute(copy)
+        again = json.loads(copy.read_text())
+    finally:
+        copy.unlink(missing_ok=True)
+    rows = compare(glued_records(committed), glued_records(again)) if ok else []
+    machine = stamp.where_it_runs()
+    return {
+        "stamp": {k: record.get(k) for k in ("gpu_name", "gpu_count", "date", "code_sha256",
+                                             "library_sha256", "lane_seconds")},
+        "rerun": {"gpu_name": machine["gpu_name"], "gpu_count": machine["gpu_count"],
+                  "date": _now(), "seconds": round(seconds, 1), "executed": ok},
+        "verdicts": rows,
+        "flipped": sum(r["flipped"] for r in rows) if ok else None,
+        "moved": sum(r["moved"] for r in rows) if ok else None,
+    }
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def run(paths: list[Path], folder: Path = FOLDER) -> tuple[Path, int]:
+    """Re-run every chapter in ``paths``; write the report; return it and the flips found."""
+    chapters = {}
+    for path in paths:
+        chapters[path.name] = report = rerun(path)
+        state = "FAILED" if not report["rerun"]["executed"] else (
+            f"{report['flipped']} flipped, {report['moved']} moved of "
+            f"{len(report['verdicts'])} verdicts")
+        print(f"{path.name}: {state}", flush=True)
+        for row in report["verdicts"]:
+            if row["flipped"] or row["moved"]:
+                before = (row["stamped"] or {}).get("text")
+                after = (row["rerun"] or {}).get("text")
+                print(f"  {row['name']}: {before!r} -> {after!r}", flush=True)
+    names = [c["rerun"]["gpu_name"] for c in chapters.values()] or ["gpu"]
+    gpu = re.sub(r"[^A-Za-z0-9]+", "-", names[0]).strip("-").lower()
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M}_{gpu}.json"
+    target.write_text(json.dumps({"chapters": chapters}, indent=1) + "\n")
+    flips = sum(c["flipped"] or 0 for c in chapters.values())
+    failed = sum(not c["rerun"]["executed"] for c in chapters.values())
+    return target, flips + failed
+
+
+def reports(folder: Path = FOLDER) -> list[tuple[Path, dict]]:
+    """The committed reports, oldest first."""
+    return [(p, json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))]
+
+
+def current(path: Path, folder: Path = FOLDER) -> dict | None:
+    """The newest report of chapter ``path`` that re-ran its committed stamp, or None."""
+    record = json.loads(Path(path).read_text())["metadata"].get(STAMP_KEY) or {}
+    for _, report in reversed(reports(folder)):
+        chapter = report["chapters"].get(Path(path).name)
+        if chapter and chapter["stamp"].get("code_sha256") == record.get("code_sha256") and (
+            chapter["stamp"].get("date") == record.get("date")
+        ):
+            return chapter
+    return None
