@@ -56,9 +56,10 @@ def _moved(stamped: dict, rerun: dict) -> bool:
     if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
         return False
     if stamped.get("kind") == "speed":
-        floor = stamped.get("floor", math.inf)
-        return a > 0 and b > 0 and abs(math.log(b / a)) > math.log1p(floor)
-    return abs(b - a) > float(stamped.get("margin", math.inf))
+        floor = stamped.get("floor")  # None: no floor measured, so nothing to move beyond
+        return floor is not None and a > 0 and b > 0 and abs(math.log(b / a)) > math.log1p(floor)
+    margin = stamped.get("margin")
+    return margin is not None and abs(b - a) > margin
 
 
 def compare(stamped: dict[str, dict], rerun: dict[str, dict]) -> list[dict]:

@@ -153,6 +153,21 @@ def _check_steps(steps) -> dict[str, Callable[[], object]]:
     return dict(steps)
 
 
+def _check_rounds(steps, rounds, calls, warmup, warmup_s, order, kernel_time, before_each, seed):
+    """The checked ``steps`` of :func:`rounds`; every other argument checked by name."""
+    steps = _check_steps(steps)
+    checks.integer("rounds", rounds, minimum=2)
+    checks.integer("calls", calls)
+    checks.integer("warmup", warmup, minimum=0)
+    checks.number("warmup_s", warmup_s, non_negative=True)
+    checks.choice("order", order, ORDERS)
+    checks.choice("kernel_time", kernel_time, KERNEL_TIMES)
+    if before_each is not None and not callable(before_each):
+        raise TypeError(f"before_each must be callable, not {type(before_each).__name__}")
+    checks.integer("seed", seed, minimum=0)
+    return steps
+
+
 def _order(names: list[str], index: int, order: str, rng: random.Random) -> list[str]:
     if order == "shuffle":
         return rng.sample(names, len(names))
@@ -194,29 +209,27 @@ def rounds(
     import torch
 
     from fp8lab.devices import resolve_device
-    from fp8lab.profiling import profile
-    from fp8lab.speedometer import time_calls
 
-    steps = _check_steps(steps)
-    checks.integer("rounds", rounds, minimum=2)
-    checks.integer("calls", calls)
-    checks.integer("warmup", warmup, minimum=0)
-    warmup_s = checks.number("warmup_s", warmup_s, non_negative=True)
-    checks.choice("order", order, ORDERS)
-    checks.choice("kernel_time", kernel_time, KERNEL_TIMES)
-    if before_each is not None and not callable(before_each):
-        raise TypeError(f"before_each must be callable, not {type(before_each).__name__}")
-    checks.integer("seed", seed, minimum=0)
+    steps = _check_rounds(steps, rounds, calls, warmup, warmup_s, order, kernel_time,
+                          before_each, seed)
     device = resolve_device(device, default=True)
     cuda = device.type == "cuda"
-    kernel_time = kernel_time if cuda else None
 
     def sync():
         if cuda:
             torch.cuda.synchronize(device)
 
     _warm(steps, warmup, warmup_s, sync)
-    names, rng = list(steps), random.Random(seed)
+    return _timed(steps, rounds, calls, order, kernel_time if cuda else None, before_each,
+                  device, random.Random(seed))
+
+
+def _timed(steps, rounds, calls, order, kernel_time, before_each, device, rng) -> Rounds:
+    """The rounds themselves, after warm-up (arguments as :func:`rounds` checked them)."""
+    from fp8lab.profiling import profile
+    from fp8lab.speedometer import time_calls
+
+    names = list(steps)
     times = {name: [] for name in names}
     kernel, idle = {name: [] for name in names}, {name: [] for name in names}
     orders = []
@@ -242,6 +255,6 @@ def rounds(
         {n: tuple(v) for n, v in times.items()},
         {n: tuple(v) for n, v in kernel.items() if v},
         {n: tuple(v) for n, v in idle.items() if v},
-        cuda,
+        device.type == "cuda",
         tuple(orders),
     )

@@ -31,6 +31,14 @@ WITHIN, WORSE, BETTER, IDENTICAL = (
 )
 
 
+def _finite(record: dict) -> dict:
+    """``record`` with NaN and infinite numbers as ``None`` (JSON has neither)."""
+    return {
+        key: None if isinstance(value, float) and not math.isfinite(value) else value
+        for key, value in record.items()
+    }
+
+
 def speed_verdict(estimate: float, low: float, high: float, floor: float) -> str:
     """The word for a speed ratio (> 1: faster) with interval ``[low, high]`` against a relative
     ``floor``: ``faster``/``slower`` when the interval excludes 1 and the estimate lies beyond
@@ -115,8 +123,9 @@ class Comparison:
         return f"{head} ({spread}{basis}; {floor})"
 
     def record(self) -> dict:
-        """What a re-run compares: the verdict, the estimate, its interval and the floor."""
-        return {
+        """What a re-run compares: the verdict, the estimate, its interval and the floor
+        (non-finite numbers as ``None``)."""
+        return _finite({
             "kind": "speed",
             "first": self.first,
             "second": self.second,
@@ -128,7 +137,7 @@ class Comparison:
             "basis": self.basis,
             "regime": self.regime,
             "floor": self.floor.relative,
-        }
+        })
 
 
 @dataclass(frozen=True)
@@ -194,7 +203,7 @@ class Paired:
         )
 
     def record(self) -> dict:
-        return {
+        return _finite({
             "kind": "accuracy",
             "treated": self.treated,
             "baseline": self.baseline,
@@ -205,7 +214,7 @@ class Paired:
             "seeds": len(self.seeds),
             "margin": self.margin,
             "detectable": self.detectable,
-        }
+        })
 
 
 def _by_seed(name: str, values) -> dict[int, float]:
