@@ -190,3 +190,9 @@ def test_the_panel_in_the_library_is_the_committed_sessions():
     from tools.session_floor import panel_of
 
     assert panel_of() == floor_module.PANEL
+
+
+def test_the_books_floor_table_is_current():
+    from tools.session_floor import PAGE, page
+
+    assert PAGE.read_text() == page(), "run python -m tools.session_floor summary --write"

@@ -23,7 +23,10 @@ from dataclasses import dataclass
 
 from fp8lab import checks
 
-__all__ = ["FLOORS", "HOST_BOUND_IDLE", "PANEL", "REGIMES", "Floor", "floor_for"]
+__all__ = [
+    "FLOORS", "HOST_BOUND_IDLE", "PANEL", "REGIMES", "Floor", "floor_for", "floors_from",
+    "largest_move",
+]
 
 REGIMES = ("device", "host", "kernel")
 # The GPU idle share of a step above which the host, not the GPU, sets its time.
@@ -73,7 +76,7 @@ class Floor:
         return f"{self.relative:.1%} ({self.regime}, {self.sessions} GPU sessions)"
 
 
-def _move(estimates) -> float:
+def largest_move(estimates) -> float:
     """The largest relative move between two of a comparison's estimates."""
     logs = [math.log(v) for v in estimates]
     return math.exp(max(logs) - min(logs)) - 1.0
@@ -88,7 +91,7 @@ def floors_from(panel) -> dict[str, Floor]:
         rows = [s for s in rows if len(s) >= 3]
         if not rows:
             continue
-        relative = math.ceil(max(_move(s.values()) for s in rows) * 200 - 1e-9) / 200
+        relative = math.ceil(max(largest_move(s.values()) for s in rows) * 200 - 1e-9) / 200
         sessions = len(set().union(*rows))
         found[regime] = Floor(regime, relative, sessions, len(rows))
     return found
