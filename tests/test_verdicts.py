@@ -62,10 +62,29 @@ def test_a_changed_word_is_a_flip_and_a_large_move_is_reported():
         drift=speed([1.70, 1.71, 1.69]),  # faster both times, but 13% apart: beyond 3%
         acc=accuracy(0.05)))  # within -> worse beyond the margin
     rows = {row["name"]: row for row in verdicts.compare(stamped, rerun)}
-    assert not rows["gain"]["flipped"] and not rows["gain"]["moved"]
-    assert rows["tie"]["flipped"]
-    assert rows["drift"]["moved"] and not rows["drift"]["flipped"]
-    assert rows["acc"]["flipped"]
+    assert rows["gain"]["outcome"] == "held" and not rows["gain"]["moved"]
+    assert rows["tie"]["outcome"] == "flipped"
+    assert rows["drift"]["moved"] and rows["drift"]["outcome"] == "held"
+    assert rows["acc"]["outcome"] == "flipped"
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        ("faster", "faster", "held"),
+        ("faster", "slower", "flipped"),
+        ("tied", "faster", "flipped"),
+        ("slower", "tied", "flipped"),
+        ("faster", "not resolved", "weakened"),
+        ("not resolved", "tied", "strengthened"),
+        ("within the margin", "identical", "held"),
+        ("within the margin", "worse beyond the margin", "flipped"),
+        ("worse beyond the margin", "not resolved", "weakened"),
+        (None, "faster", "flipped"),
+    ],
+)
+def test_what_a_changed_word_does_to_the_claim(before, after, expected):
+    assert verdicts.outcome(before, after) == expected
 
 
 def test_a_verdict_that_appears_or_vanishes_counts_as_flipped():

@@ -2,11 +2,17 @@
 
 On a GPU box, each chapter is executed again (full preset) into a copy beside it, in a GPU
 session other than the one that stamped it, and every verdict its prose glues
-(:func:`fp8lab.book.glue_verdict`) is compared with the stamped one:
+(:func:`fp8lab.book.glue_verdict`) is compared with the stamped one. Each lands in one of:
 
-* **flipped** -- the verdict word changed (faster, slower, tied, not resolved; within, worse or
-  better beyond the margin);
-* **moved** -- the word held, but the estimate moved by more than the floor it was judged
+* **held** -- the same word;
+* **flipped** -- the re-run contradicts the stamped claim: a difference in the other direction
+  (faster against slower, worse against better beyond the margin), a difference where the book
+  claimed none (faster or slower against tied; worse or better against within the margin), or
+  the reverse; a verdict present in one run only;
+* **weakened** -- the re-run could not resolve what the stamp claimed (its word is "not
+  resolved"), or **strengthened** -- the reverse: the text changes, the claim is not
+  contradicted; both are listed;
+* **moved** (beside any of these) -- the estimate moved by more than the floor it was judged
   against (a speed ratio beyond its session floor; an accuracy difference by more than its
   margin): the number the prose states as a result would read differently.
 
@@ -50,6 +56,27 @@ def glued_records(notebook: dict) -> dict[str, dict]:
     return found
 
 
+DIFFERENCES = {"faster", "slower", "worse beyond the margin", "better beyond the margin"}
+NO_DIFFERENCE = {"tied", "within the margin", "identical"}
+UNRESOLVED = "not resolved"
+
+
+def outcome(before: str | None, after: str | None) -> str:
+    """``held``, ``flipped``, ``weakened`` or ``strengthened``: what the re-run's word does to
+    the stamped one (a verdict missing on either side counts as flipped)."""
+    if before is None or after is None:
+        return "flipped"
+    same = {"identical": "within the margin"}
+    before, after = same.get(before, before), same.get(after, after)
+    if before == after:
+        return "held"
+    if after == UNRESOLVED:
+        return "weakened"
+    if before == UNRESOLVED:
+        return "strengthened"
+    return "flipped"  # two different claims: directions, or a difference against none
+
+
 def _moved(stamped: dict, rerun: dict) -> bool:
     """Whether the estimate moved beyond what the verdict was judged against."""
     a, b = stamped.get("estimate"), rerun.get("estimate")
@@ -72,8 +99,9 @@ def compare(stamped: dict[str, dict], rerun: dict[str, dict]) -> list[dict]:
                                                                         "low", "high", "text")}
         row["rerun"] = None if b is None else {k: b.get(k) for k in ("verdict", "estimate",
                                                                      "low", "high", "text")}
-        row["flipped"] = a is None or b is None or a.get("verdict") != b.get("verdict")
-        row["moved"] = not row["flipped"] and _moved(a, b)
+        row["outcome"] = outcome((a or {}).get("verdict"), (b or {}).get("verdict"))
+        row["flipped"] = row["outcome"] == "flipped"
+        row["moved"] = a is not None and b is not None and _moved(a, b)
         row["floor" if row["kind"] == "speed" else "margin"] = (a or b).get(
             "floor" if row["kind"] == "speed" else "margin")
         rows.append(row)
@@ -109,7 +137,8 @@ def rerun(path: Path) -> dict:
         "rerun": {"gpu_name": machine["gpu_name"], "gpu_count": machine["gpu_count"],
                   "date": _now(), "seconds": round(seconds, 1), "executed": ok},
         "verdicts": rows,
-        "flipped": sum(r["flipped"] for r in rows) if ok else None,
+        **{key: sum(r["outcome"] == key for r in rows) if ok else None
+           for key in ("held", "flipped", "weakened", "strengthened")},
         "moved": sum(r["moved"] for r in rows) if ok else None,
     }
 
@@ -124,14 +153,16 @@ def run(paths: list[Path], folder: Path = FOLDER) -> tuple[Path, int]:
     for path in paths:
         chapters[path.name] = report = rerun(path)
         state = "FAILED" if not report["rerun"]["executed"] else (
-            f"{report['flipped']} flipped, {report['moved']} moved of "
-            f"{len(report['verdicts'])} verdicts")
+            f"{len(report['verdicts'])} verdicts: {report['held']} held, {report['flipped']} "
+            f"flipped, {report['weakened']} weakened, {report['strengthened']} strengthened; "
+            f"{report['moved']} moved beyond their floor")
         print(f"{path.name}: {state}", flush=True)
         for row in report["verdicts"]:
-            if row["flipped"] or row["moved"]:
+            if row["outcome"] != "held" or row["moved"]:
                 before = (row["stamped"] or {}).get("text")
                 after = (row["rerun"] or {}).get("text")
-                print(f"  {row['name']}: {before!r} -> {after!r}", flush=True)
+                print(f"  {row['outcome']}{' (moved)' if row['moved'] else ''} {row['name']}: "
+                      f"{before!r} -> {after!r}", flush=True)
     names = [c["rerun"]["gpu_name"] for c in chapters.values()] or ["gpu"]
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", names[0]).strip("-").lower()
     folder.mkdir(parents=True, exist_ok=True)
