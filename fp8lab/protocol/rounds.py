@@ -203,8 +203,8 @@ def rounds(
     """Time every callable of ``steps`` (name -> one step) in ``rounds`` rounds of ``calls``
     calls each, after ``warmup`` calls of each and ``warmup_s`` seconds of all in turn; the
     order reversed every other round (``order="reverse"``) or shuffled (``"shuffle"``, seeded).
-    ``kernel_time``: profile each alternative once after the rounds (``"once"``), in every
-    round (``"rounds"``) or not at all (``None``); GPU only. ``before_each`` runs before each
+    ``kernel_time``: profile ``calls`` more calls of each alternative once after the rounds
+    (``"once"``), in every round (``"rounds"``) or not at all (``None``); GPU only. ``before_each`` runs before each
     alternative's calls (a barrier, in a process group)."""
     import torch
 
@@ -247,7 +247,7 @@ def _timed(steps, rounds, calls, order, kernel_time, before_each, device, rng) -
                 before_each()
             times[name].append(time_calls(steps[name], calls, device))
             if kernel_time == "rounds":
-                profiled(name, 1)
+                profiled(name, calls)
     if kernel_time == "once":
         for name in names:
             profiled(name, calls)
