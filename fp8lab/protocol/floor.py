@@ -38,21 +38,27 @@ SOURCE = "tests/gpu_results/session_floor/ (tools/session_floor.py)"
 PANEL: dict[str, tuple[str, dict[str, float]]] = {
     'GEMM 8192, FP8 fast accum. vs BF16': ('device', {
         '20261127-0429_nvidia-h200': 1.9441,
+        '20261127-0458_nvidia-h200': 1.9558,
     }),
     'GEMM 8192 BF16, NN vs TN': ('device', {
         '20261127-0429_nvidia-h200': 1.0044,
+        '20261127-0458_nvidia-h200': 1.0038,
     }),
     'layer H=4096, FP8 delayed vs BF16': ('device', {
         '20261127-0429_nvidia-h200': 1.5236,
+        '20261127-0458_nvidia-h200': 1.5212,
     }),
     'layer H=4096 BF16, A/A': ('device', {
         '20261127-0429_nvidia-h200': 1.0166,
+        '20261127-0458_nvidia-h200': 0.993,
     }),
     'layer H=512 eager, FP8 delayed vs BF16': ('host', {
         '20261127-0429_nvidia-h200': 0.8233,
+        '20261127-0458_nvidia-h200': 0.8348,
     }),
     'layer H=512, FP8 delayed vs BF16 (kernels)': ('kernel', {
         '20261127-0429_nvidia-h200': 0.9817,
+        '20261127-0458_nvidia-h200': 0.9814,
     }),
 }
 
