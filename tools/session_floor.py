@@ -9,8 +9,9 @@ book reads them, and rewrites the book's table of them (``book/_floor_table.md``
 ``book/measurement.md``; ``python -m tools.session_floor page`` checks it is current).
 
 The panel spans the regimes the chapters compare in: large GEMMs and a large layer (the GPU sets
-the step), a small layer run eagerly (the host sets it; also on kernel time), and an A/A pair (a
-layer against an identical copy of itself: what the rig reads where nothing differs).
+the step), a small layer run eagerly (the host sets it), GEMMs and a small layer on the kernels'
+own time, and an A/A pair (a layer against an identical copy of itself: what the rig reads
+where nothing differs).
 """
 
 from __future__ import annotations
@@ -83,6 +84,19 @@ def measure(smoke: bool = False) -> dict:
     if "FP8 fast" in gemms:
         add("GEMM 8192, FP8 fast accum. vs BF16", "device", result, "FP8 fast", "BF16")
     add("GEMM 8192 BF16, NN vs TN", "device", result, "BF16 NN", "BF16")
+    if not smoke:  # kernel time, the clock of chapter 00's and 04's fine GEMM comparisons
+        fine = {
+            "FP8 fast": ceilings.matmul_step(4096, 4096, 4096, "fp8", fast_accumulation=True),
+            "FP8": ceilings.matmul_step(4096, 4096, 4096, "fp8"),
+            "BF16 1024": ceilings.matmul_step(1024, 1024, 1024, "bf16"),
+            "FP8 1024": ceilings.matmul_step(1024, 1024, 1024, "fp8"),
+        }
+        result = protocol.rounds(fine, rounds=7, calls=10, warmup=10, warmup_s=0.5,
+                                 kernel_time="rounds")
+        add("GEMM 4096, fast vs FP32 accum. (kernels)", "kernel", result, "FP8 fast", "FP8",
+            basis="kernel")
+        add("GEMM 1024, FP8 vs BF16 (kernels)", "kernel", result, "FP8 1024", "BF16 1024",
+            basis="kernel")
     large = {"FP8": recipe.DelayedScaling(), "BF16": None, "BF16 again": None}
     steps = _layer_steps(te, big, large, 4, seq, device)
     result = protocol.rounds(steps, rounds=7, calls=5, warmup=5, warmup_s=1.0, device=device)
