@@ -39,26 +39,38 @@ PANEL: dict[str, tuple[str, dict[str, float]]] = {
     'GEMM 8192, FP8 fast accum. vs BF16': ('device', {
         '20261127-0429_nvidia-h200': 1.9441,
         '20261127-0458_nvidia-h200': 1.9558,
+        '20261127-0504_nvidia-h100-80gb-hbm3': 1.9312,
     }),
     'GEMM 8192 BF16, NN vs TN': ('device', {
         '20261127-0429_nvidia-h200': 1.0044,
         '20261127-0458_nvidia-h200': 1.0038,
+        '20261127-0504_nvidia-h100-80gb-hbm3': 0.982,
     }),
     'layer H=4096, FP8 delayed vs BF16': ('device', {
         '20261127-0429_nvidia-h200': 1.5236,
         '20261127-0458_nvidia-h200': 1.5212,
+        '20261127-0504_nvidia-h100-80gb-hbm3': 1.5152,
     }),
     'layer H=4096 BF16, A/A': ('device', {
         '20261127-0429_nvidia-h200': 1.0166,
         '20261127-0458_nvidia-h200': 0.993,
+        '20261127-0504_nvidia-h100-80gb-hbm3': 1.0165,
     }),
     'layer H=512 eager, FP8 delayed vs BF16': ('host', {
         '20261127-0429_nvidia-h200': 0.8233,
         '20261127-0458_nvidia-h200': 0.8348,
+        '20261127-0504_nvidia-h100-80gb-hbm3': 0.8373,
     }),
     'layer H=512, FP8 delayed vs BF16 (kernels)': ('kernel', {
         '20261127-0429_nvidia-h200': 0.9817,
         '20261127-0458_nvidia-h200': 0.9814,
+        '20261127-0504_nvidia-h100-80gb-hbm3': 0.9841,
+    }),
+    'GEMM 4096, fast vs FP32 accum. (kernels)': ('kernel', {
+        '20261127-0504_nvidia-h100-80gb-hbm3': 1.0562,
+    }),
+    'GEMM 1024, FP8 vs BF16 (kernels)': ('kernel', {
+        '20261127-0504_nvidia-h100-80gb-hbm3': 1.264,
     }),
 }
 
