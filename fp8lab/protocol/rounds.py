@@ -51,13 +51,15 @@ class Rounds:
     """``times[name][r]``: the call times (ms) of alternative ``name`` in round ``r``;
     ``kernel[name]``: its kernels' busy time per call (ms) and ``idle[name]`` the profile's idle
     share, one value per profiled round (one in all with ``kernel_time="once"``; absent where
-    not measured); ``cuda``: timed on a GPU."""
+    not measured); ``cuda``: timed on a GPU; ``host[name][r]``: the host's time per call to
+    issue round ``r``'s calls, before it waited (:class:`fp8lab.speedometer.CallTimes`)."""
 
     times: Mapping[str, tuple[tuple[float, ...], ...]]
     kernel: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     idle: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     cuda: bool = True
     orders: tuple[tuple[str, ...], ...] = ()
+    host: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
     @classmethod
     def from_times(cls, times: Mapping, cuda: bool = True):
@@ -125,6 +127,8 @@ class Rounds:
         else:
             a, b = self.round_ms(first), self.round_ms(second)
             regime = self.regime(first, second)
+        if min(*a, *b) <= 0:
+            raise ValueError(f"times of {first!r} and {second!r}: a ratio needs times above 0 ms")
         ratios = tuple(y / x for x, y in zip(a, b, strict=True))
         return Comparison(first, second, ratios, basis, regime, floor_for(regime))
 
@@ -151,6 +155,21 @@ def _check_steps(steps) -> dict[str, Callable[[], object]]:
         if not isinstance(name, str) or not callable(step):
             raise TypeError(f"steps[{name!r}]: must map a string name to a callable")
     return dict(steps)
+
+
+def _check_rounds(steps, rounds, calls, warmup, warmup_s, order, kernel_time, before_each, seed):
+    """The checked ``steps`` of :func:`rounds`; every other argument checked by name."""
+    steps = _check_steps(steps)
+    checks.integer("rounds", rounds, minimum=2)
+    checks.integer("calls", calls)
+    checks.integer("warmup", warmup, minimum=0)
+    checks.number("warmup_s", warmup_s, non_negative=True)
+    checks.choice("order", order, ORDERS)
+    checks.choice("kernel_time", kernel_time, KERNEL_TIMES)
+    if before_each is not None and not callable(before_each):
+        raise TypeError(f"before_each must be callable, not {type(before_each).__name__}")
+    checks.integer("seed", seed, minimum=0)
+    return steps
 
 
 def _order(names: list[str], index: int, order: str, rng: random.Random) -> list[str]:
@@ -194,30 +213,28 @@ def rounds(
     import torch
 
     from fp8lab.devices import resolve_device
-    from fp8lab.profiling import profile
-    from fp8lab.speedometer import time_calls
 
-    steps = _check_steps(steps)
-    checks.integer("rounds", rounds, minimum=2)
-    checks.integer("calls", calls)
-    checks.integer("warmup", warmup, minimum=0)
-    warmup_s = checks.number("warmup_s", warmup_s, non_negative=True)
-    checks.choice("order", order, ORDERS)
-    checks.choice("kernel_time", kernel_time, KERNEL_TIMES)
-    if before_each is not None and not callable(before_each):
-        raise TypeError(f"before_each must be callable, not {type(before_each).__name__}")
-    checks.integer("seed", seed, minimum=0)
+    steps = _check_rounds(steps, rounds, calls, warmup, warmup_s, order, kernel_time,
+                          before_each, seed)
     device = resolve_device(device, default=True)
     cuda = device.type == "cuda"
-    kernel_time = kernel_time if cuda else None
 
     def sync():
         if cuda:
             torch.cuda.synchronize(device)
 
     _warm(steps, warmup, warmup_s, sync)
-    names, rng = list(steps), random.Random(seed)
-    times = {name: [] for name in names}
+    return _timed(steps, rounds, calls, order, kernel_time if cuda else None, before_each,
+                  device, random.Random(seed))
+
+
+def _timed(steps, rounds, calls, order, kernel_time, before_each, device, rng) -> Rounds:
+    """The rounds themselves, after warm-up (arguments as :func:`rounds` checked them)."""
+    from fp8lab.profiling import profile
+    from fp8lab.speedometer import time_calls
+
+    names = list(steps)
+    times, host = {name: [] for name in names}, {name: [] for name in names}
     kernel, idle = {name: [] for name in names}, {name: [] for name in names}
     orders = []
 
@@ -232,7 +249,9 @@ def rounds(
         for name in sequence:
             if before_each is not None:
                 before_each()
-            times[name].append(time_calls(steps[name], calls, device))
+            measured = time_calls(steps[name], calls, device)
+            times[name].append(tuple(measured))
+            host[name].append(measured.host_ms)
             if kernel_time == "rounds":
                 profiled(name, 1)
     if kernel_time == "once":
@@ -242,6 +261,7 @@ def rounds(
         {n: tuple(v) for n, v in times.items()},
         {n: tuple(v) for n, v in kernel.items() if v},
         {n: tuple(v) for n, v in idle.items() if v},
-        cuda,
+        device.type == "cuda",
         tuple(orders),
+        {n: tuple(v) for n, v in host.items()},
     )
