@@ -373,9 +373,6 @@ def test_an_interval_gives_a_verdict_only_when_it_clears_the_threshold(measured_
     assert report.against(math.nan, math.nan, 0.95) == "not distinguishable from"
     with pytest.raises(ValueError, match="low"):
         report.against(-0.1, 0.99, 0.95)
-    mean, low, high = report.mean_interval([1.0, 2.0, math.nan, 3.0])
-    assert (mean, low, high) == protocol.mean_interval([1.0, 2.0, 3.0])
-    assert math.isnan(report.mean_interval([1.0])[1])
     low, high = report.ratio_interval([10.0, 10.2, 9.9, 10.1], [5.0, 5.1, 4.9, 5.05])
     assert 1.9 < low <= high < 2.1
     assert math.isnan(report.ratio_interval([10.0], [5.0, 5.1])[0])

@@ -38,15 +38,6 @@ def missing_fields(run) -> list[str]:
     return missing
 
 
-def mean_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
-    """:func:`fp8lab.protocol.mean_interval` of the values that are not NaN (all NaN without
-    one)."""
-    values = [float(v) for v in values if not math.isnan(float(v))]
-    if not values:
-        return math.nan, math.nan, math.nan
-    return protocol.mean_interval(values, confidence)
-
-
 def round_efficiency(rows: list[dict], confidence: float = 0.95) -> pd.DataFrame:
     """Per precision and variant of the ``rounds`` task: the median step over rounds (ms), the
     scaling efficiency (one GPU's step over the variant's, round by round: both sides measured

@@ -13,18 +13,14 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 from scipy import stats
 
 from fp8lab import checks
 
-__all__ = [
-    "detectable_difference",
-    "mean_interval",
-    "ratio_interval",
-    "unpaired_ratio_interval",
-]
+__all__ = ["detectable_difference", "mean_interval", "ratio_interval", "unpaired_ratio_interval"]
 
 
 def _confidence(confidence) -> float:
@@ -49,7 +45,7 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95):
     mean = math.fsum(values) / len(values)
     if len(values) < 2:
         return mean, math.nan, math.nan
-    sd = _sd(values)
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
     half = stats.t.ppf(0.5 + confidence / 2, len(values) - 1) * sd / math.sqrt(len(values))
     return mean, mean - float(half), mean + float(half)
 
@@ -72,10 +68,9 @@ def unpaired_ratio_interval(
     numerator: Sequence[float], denominator: Sequence[float], confidence: float = 0.95
 ):
     """``(estimate, low, high)`` of the ratio of two samples' geometric means, measured apart:
-    Welch's t-interval of the difference of their mean logs, exponentiated (NaN bounds with
-    fewer than two values on a side). Steps of one run are not independent draws, so the
-    interval is narrower than the truth; prefer rounds, and let the session floor carry a
-    verdict."""
+    Welch's t-interval of their mean logs' difference, exponentiated (NaN bounds with fewer
+    than two values a side). Steps of one run are not independent: the interval is too narrow;
+    prefer rounds."""
     a, b = _logs("numerator", numerator), _logs("denominator", denominator)
     confidence = _confidence(confidence)
     if not a or not b:
@@ -83,18 +78,12 @@ def unpaired_ratio_interval(
     difference = math.fsum(a) / len(a) - math.fsum(b) / len(b)
     if len(a) < 2 or len(b) < 2:
         return math.exp(difference), math.nan, math.nan
-    va, vb = (_sd(x) ** 2 / len(x) for x in (a, b))
+    va, vb = (statistics.variance(x) / len(x) for x in (a, b))
     if va + vb == 0:
         return (math.exp(difference),) * 3
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     half = float(stats.t.ppf(0.5 + confidence / 2, df)) * math.sqrt(va + vb)
     return math.exp(difference), math.exp(difference - half), math.exp(difference + half)
-
-
-def _sd(values: list[float]) -> float:
-    """The sample standard deviation (``n - 1``) of at least two values."""
-    mean = math.fsum(values) / len(values)
-    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def detectable_difference(

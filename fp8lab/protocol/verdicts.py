@@ -19,23 +19,10 @@ from dataclasses import dataclass
 
 from fp8lab import checks
 from fp8lab.protocol.floor import Floor
-from fp8lab.protocol.intervals import (
-    _sd,
-    detectable_difference,
-    mean_interval,
-    ratio_interval,
-)
+from fp8lab.protocol.intervals import detectable_difference, mean_interval, ratio_interval
 
-__all__ = [
-    "FASTER",
-    "NOT_RESOLVED",
-    "SLOWER",
-    "TIED",
-    "Comparison",
-    "Paired",
-    "paired",
-    "paired_summary",
-]
+__all__ = ["FASTER", "NOT_RESOLVED", "SLOWER", "TIED", "Comparison", "Paired", "paired",
+           "paired_summary"]
 
 FASTER, SLOWER, TIED, NOT_RESOLVED = "faster", "slower", "tied", "not resolved"
 MIN_SEEDS = 5  # the protocol's least number of paired seeds for an accuracy verdict
@@ -184,7 +171,8 @@ class Paired:
 
     @property
     def sd(self) -> float:
-        return _sd(list(self.differences))
+        values, mean = self.differences, self.mean
+        return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
     @property
     def detectable(self) -> float:
@@ -268,17 +256,11 @@ def paired(
     return Paired(names[0], names[1], seeds, differences, margin, confidence, power)
 
 
-def paired_summary(
-    treated: Mapping[int, float],
-    baseline: Mapping[int, float],
-    *,
-    margin: float,
-    names: Sequence[str] = ("treated", "baseline"),
-    confidence: float = 0.95,
-) -> dict:
+def paired_summary(treated, baseline, *, margin, names=("treated", "baseline"),
+                   confidence: float = 0.95) -> dict:
     """:func:`paired` as a table row: ``seeds`` (how many pairs), ``mean``, ``low``, ``high``
-    and ``verdict``. With fewer than :data:`MIN_SEEDS` shared seeds (a smoke run) the mean and
-    its interval are still given (NaN bounds with one pair) and the verdict is "not resolved"."""
+    and ``verdict``; with fewer than :data:`MIN_SEEDS` shared seeds (a smoke run) the mean and
+    its interval still (NaN bounds with one pair), and the verdict "not resolved"."""
     treated, baseline = _by_seed("treated", treated), _by_seed("baseline", baseline)
     seeds = sorted(set(treated) & set(baseline))
     if len(seeds) >= MIN_SEEDS:
@@ -288,7 +270,6 @@ def paired_summary(
         checks.number("margin", margin, positive=True)
         if not seeds:
             raise ValueError("treated and baseline share no seed")
-        differences = [treated[s] - baseline[s] for s in seeds]
-        mean, low, high = mean_interval(differences, confidence)
+        mean, low, high = mean_interval([treated[s] - baseline[s] for s in seeds], confidence)
         verdict = NOT_RESOLVED
     return {"seeds": len(seeds), "mean": mean, "low": low, "high": high, "verdict": verdict}

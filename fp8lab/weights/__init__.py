@@ -14,21 +14,25 @@
   parameter, measured;
 * :mod:`~fp8lab.weights.sizing` -- the largest model of a shape that fits a GPU by the memory
   estimator, and the bytes an FSDP2 all-gather moves per step with BF16 or FP8 weights;
-* :mod:`~fp8lab.weights.paired` -- paired differences over seeds, judged by the protocol against
-  a margin declared before the runs;
 * :mod:`~fp8lab.weights.words` -- sentences picked from a measured sign, so that a glued
   sentence cannot contradict its number (and nouns that agree with theirs, ties named as ties,
-  spreads traced to their calls);
+  spreads traced to their calls), and the protocol's verdict on paired seeds;
 * :mod:`~fp8lab.weights.stale_transpose` -- a standalone reproduction of the stale FP8 weight
   transpose that TE's ``FusedAdam`` leaves under delayed scaling.
 """
 
 from fp8lab.weights.bench import ModelKit
 from fp8lab.weights.graphs import attempt
-from fp8lab.weights.paired import paired_difference
 from fp8lab.weights.rounds import ProfiledCalls, RoundTimes, alternate_rounds, profiled_calls
 from fp8lab.weights.sizing import fsdp_gather_bytes, largest_layers
-from fp8lab.weights.words import change, count_words, ratio_words, smallest_words, spread_words
+from fp8lab.weights.words import (
+    change,
+    count_words,
+    paired_difference,
+    ratio_words,
+    smallest_words,
+    spread_words,
+)
 
 __all__ = [
     "ModelKit",

@@ -8,6 +8,12 @@ not "faster" or "slower"). :func:`count_words` agrees a noun with its number ("1
 :func:`smallest_words` names the smallest of several measured values and the ones that tie with
 it at the printed precision; :func:`spread_words` says which calls make a spread (one slow call
 or a broad scatter), so that a reader sees where it comes from.
+
+:func:`paired_difference` is the verdict on an option over seeds. Runs with one seed are
+deterministic here (repeating a run gives the same losses bit for bit), so what varies is the
+seed: each seed runs with and without the option (same weights, same batches), and the protocol
+(:func:`fp8lab.protocol.paired_summary`) sets the per-seed differences against a margin written
+down before the runs.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import math
 
 from fp8lab import checks, protocol
 
-__all__ = ["change", "count_words", "ratio_words", "smallest_words", "spread_words"]
+__all__ = [
+    "change", "count_words", "paired_difference", "ratio_words", "smallest_words", "spread_words"
+]
 
 
 def change(value: float, unit: str = "ms", digits: int = 2, *, more: str = "more",
@@ -130,3 +138,16 @@ def spread_words(times_ms, what: str = "call", slow: float = 0.1) -> str:
     return (f"{len(late)} of {count_words(len(times_ms), what)} ran slow (the "
             f"{nth}{place}: {times_ms[worst]:,.1f} ms against a median of "
             f"{median:,.1f} ms)")
+
+
+def paired_difference(treated, baseline, margin: float, confidence: float = 0.95) -> dict:
+    """``mean``, ``low`` and ``high`` of ``treated - baseline`` over seeds (lists, one value per
+    seed in the same order) and the protocol's ``verdict`` against ``margin`` (``"not
+    resolved"`` with fewer than five seeds)."""
+    if not isinstance(treated, (list, tuple)) or not isinstance(baseline, (list, tuple)):
+        raise TypeError("treated and baseline: must be lists of final losses, one per seed")
+    if len(treated) != len(baseline):
+        raise ValueError("treated and baseline: need one value per seed on both sides")
+    found = protocol.paired_summary(dict(enumerate(treated)), dict(enumerate(baseline)),
+                                    margin=margin, confidence=confidence)
+    return {key: found[key] for key in ("mean", "low", "high", "verdict")}
