@@ -11,8 +11,12 @@ Core (every chapter may use it):
 * :mod:`fp8lab.devices` -- the one home of the default device and of device-string checks
 * :mod:`fp8lab.datasheet`, :mod:`fp8lab.ceilings`, :mod:`fp8lab.roofline` -- datasheet peaks
   (pure data); measured rates of the GPU at hand; ridge points and the roofline plot
-* :mod:`fp8lab.speedometer`, :mod:`fp8lab.profiling` -- timing (warm-up, device events, median
-  and spread); where a step's time goes, by kind of kernel, with idle time
+* :mod:`fp8lab.speedometer`, :mod:`fp8lab.profiling` -- timing on the book's one clock
+  (warm-up, device events, median and spread); where a step's time goes, by kind of kernel,
+  with idle time
+* :mod:`fp8lab.protocol` -- the one measurement protocol: rounds, intervals, verdict words,
+  the session floor; every kit's comparison goes through it
+* :mod:`fp8lab.recipes` -- the FP8 recipes by one set of names, their labels, and ``make``
 * :mod:`fp8lab.config`, :mod:`fp8lab.layers`, :mod:`fp8lab.models` -- shapes and presets; one
   layer in four forms; a GPT
 * :mod:`fp8lab.training` -- the loss, one training step (``step``), gradient accumulation,

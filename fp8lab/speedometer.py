@@ -6,10 +6,9 @@ notebook can show the median *and* the spread, and derive tokens/s, TFLOP/s and 
 
 How it measures:
 
-* on CUDA, a pair of ``torch.cuda.Event`` brackets each iteration; the host
-  synchronizes once after warm-up and once at the end, never in between, so
-  the GPU queue stays full as it would in training;
-* on CPU, ``time.perf_counter`` brackets each iteration (CPU work is synchronous).
+* on the book's one clock (:class:`Clock`): CUDA events mark the end of each iteration on a
+  GPU, and the host synchronizes once after warm-up and once at the end, never in between,
+  so the GPU queue stays full as in training; ``time.perf_counter`` on a CPU.
 
 Modes: ``"forward"`` (under ``torch.no_grad``), ``"forward_backward"``
 (``out.backward(grad_output)`` with a fixed random ``grad_output``) and ``"step"``
@@ -30,6 +29,7 @@ must cover cuBLAS/cuDNN autotuning and TE's first-call set-up.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +41,7 @@ import torch
 from fp8lab import checks
 from fp8lab.devices import resolve_device
 
-__all__ = ["MODES", "Timing", "speedometer", "time_callable", "time_calls"]
+__all__ = ["MODES", "CallTimes", "Clock", "Timing", "speedometer", "time_callable", "time_calls"]
 
 MODES = ("forward", "forward_backward", "step")
 
@@ -185,29 +185,57 @@ def _warm_up(fn, warmup: int, min_warmup_ms: float, device: torch.device) -> Non
             torch.cuda.synchronize(device)
 
 
-def time_calls(fn: Callable[[], Any], calls: int, device: torch.device) -> tuple[float, ...]:
-    """The book's one clock: milliseconds of each of ``calls`` back-to-back calls of ``fn``.
+class Clock:
+    """The book's one clock, started when made: CUDA events on a GPU, ``time.perf_counter`` on a
+    CPU. :meth:`mark` records a point (the end of a call, the hand-over to the optimizer);
+    :meth:`read` waits for the device once and returns the ms between consecutive points;
+    :attr:`host_ms` is the host's own time to the last point (to issue the work, on a GPU)."""
 
-    On a GPU a pair of CUDA events brackets each call and the host waits once, after the last,
-    so the queue stays as full as in training (a call whose host work outlasts its kernels is
-    timed as the host sets it). On a CPU ``time.perf_counter`` brackets each call.
-    """
-    if device.type != "cuda":
-        times = []
-        for _ in range(calls):
-            begin = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - begin) * 1e3)
-        return tuple(times)
-    torch.cuda.synchronize(device)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-    for start, end in zip(starts, ends, strict=True):
-        start.record()
+    def __init__(self, device: torch.device | str | None = None):
+        self.device = resolve_device(device, default=True)
+        self.cuda, self._events, self._host = self.device.type == "cuda", [], []
+        self.mark()
+
+    def mark(self) -> None:
+        self._host.append(time.perf_counter())
+        if self.cuda:
+            self._events.append(torch.cuda.Event(enable_timing=True))
+            self._events[-1].record()
+
+    def read(self) -> tuple[float, ...]:
+        """Milliseconds between consecutive points (one fewer than the points)."""
+        if not self.cuda:
+            return tuple((b - a) * 1e3 for a, b in itertools.pairwise(self._host))
+        torch.cuda.synchronize(self.device)
+        return tuple(a.elapsed_time(b) for a, b in itertools.pairwise(self._events))
+
+    @property
+    def host_ms(self) -> float:
+        return (self._host[-1] - self._host[0]) * 1e3
+
+
+class CallTimes(tuple):
+    """Milliseconds of each call (a tuple), with ``host_ms``: the host's time per call to issue
+    them, before it waited for the device (on a CPU, their mean)."""
+
+    host_ms: float = float("nan")
+
+
+def time_calls(fn: Callable[[], Any], calls: int, device: torch.device) -> CallTimes:
+    """Milliseconds of each of ``calls`` back-to-back calls of ``fn`` on the :class:`Clock`: on
+    a GPU the host waits once, after the last call, so the queue stays as full as in training
+    (a call whose host work outlasts its kernels is timed as the host sets it)."""
+    checks.integer("calls", calls)
+    device = resolve_device(device, default=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the first call starts on an empty queue
+    clock = Clock(device)
+    for _ in range(calls):
         fn()
-        end.record()
-    torch.cuda.synchronize(device)
-    return tuple(start.elapsed_time(end) for start, end in zip(starts, ends, strict=True))
+        clock.mark()
+    times = CallTimes(clock.read())
+    times.host_ms = clock.host_ms / calls
+    return times
 
 
 def _timed_calls(fn, iters: int, device: torch.device, measure_memory: bool):
@@ -222,11 +250,7 @@ def _timed_calls(fn, iters: int, device: torch.device, measure_memory: bool):
 
 def _out_of_memory(error, label: str, device: torch.device, fields: dict) -> MemoryError:
     shapes = fields.get("extra", {}).get("input_shapes")
-    where = (
-        f"{label!r} ({fields.get('mode', 'callable')}"
-        + (f", inputs {shapes}" if shapes else "")
-        + ")"
-    )
+    where = f"{label!r} ({fields.get('mode', 'callable')}{f', inputs {shapes}' if shapes else ''})"
     return MemoryError(
         f"out of GPU memory while timing {where} on {device}: {error}".splitlines()[0]
     )
@@ -256,14 +280,8 @@ def time_callable(
         times, peak = _timed_calls(fn, iters, device, measure_memory)
     except torch.cuda.OutOfMemoryError as error:
         raise _out_of_memory(error, label, device, result_fields) from error
-    return Timing(
-        label=label,
-        times_ms=times,
-        device=str(device),
-        warmup=warmup,
-        peak_memory_bytes=peak,
-        **result_fields,
-    )
+    return Timing(label=label, times_ms=tuple(times), device=str(device), warmup=warmup,
+                  peak_memory_bytes=peak, **result_fields)
 
 
 def _tensors(inputs: Sequence[Any]) -> list[torch.Tensor]:

@@ -31,6 +31,21 @@ def fake_machine() -> dict:
     }
 
 
+@pytest.fixture
+def measured_floors(monkeypatch) -> dict:
+    """Session floors as if the panel had run in three sessions (device 2%, host 5%, kernel
+    3%), so that a test can reach every verdict word; the checkout's own floors may still be
+    infinite (no panel measured yet)."""
+    from fp8lab.protocol import floor
+
+    floors = {
+        regime: floor.Floor(regime, relative, 3, 1)
+        for regime, relative in (("device", 0.02), ("host", 0.05), ("kernel", 0.03))
+    }
+    monkeypatch.setattr(floor, "FLOORS", floors)
+    return floors
+
+
 @lru_cache(maxsize=1)
 def gpu_skip_reason() -> str | None:
     """None where the GPU tests can run, else why not."""

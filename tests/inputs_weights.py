@@ -25,8 +25,10 @@ ENTRIES = {
         _rounds, {"rounds": maybe(ints(1, 3)), "iters": maybe(ints(1, 3))}, examples=10
     ),
     "weights.RoundTimes": Entry(
-        lambda value: weights.RoundTimes({"a": [(value,)]}).median("a"),
-        {"value": reals()},
+        lambda value: weights.RoundTimes.from_times({"a": [[value], [1.0]], "b": [[1.0], [2.0]]})
+        .ratio("a", "b")[0],
+        {"value": maybe(reals())},
+        aliases={"value": ["call time"]},
         examples=10,
     ),
     "weights.attempt": Entry(lambda value: weights.attempt(lambda: value)[0], {"value": reals()}),

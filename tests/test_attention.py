@@ -16,6 +16,7 @@ import sys
 import types
 import warnings
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -723,14 +724,53 @@ def test_reference_windows_match_te(mask, window):
     assert ((got - expected).norm() / expected.norm()).item() < 1e-2
 
 
-def test_one_noise_rule_for_every_faster():
+def test_one_noise_rule_for_every_faster(measured_floors):
+    # 1.0 ms against 1.2 ms, range from the larger spread: beyond the 5% host floor
     assert attention.beyond_spread(1.2, 1.0, 0.05, 0.1)
     assert not attention.beyond_spread(1.05, 1.0, 0.02, 0.1)  # inside the larger spread
+    assert not attention.beyond_spread(1.04, 1.0, 0.01)  # outside the spread, inside the floor
     assert not attention.beyond_spread(1.0, 1.0, 0.0)
     with pytest.raises(ValueError, match="spreads"):
         attention.beyond_spread(1.0, 2.0)
     with pytest.raises(ValueError, match="spreads"):
         attention.beyond_spread(1.0, 2.0, -0.1)
+
+
+def test_no_faster_without_a_measured_floor(monkeypatch):
+    from fp8lab.protocol import floor
+
+    monkeypatch.setattr(floor, "FLOORS", {})
+    assert not attention.beyond_spread(2.0, 1.0, 0.01)
+
+
+def test_rounds_of_backends_go_through_the_protocol(measured_floors):
+    import time
+
+    steps = {"quick": lambda: time.sleep(0.001), "slow": lambda: time.sleep(0.004)}
+    frame = attention.interleaved_rounds(steps, rounds=4, iters=2, warmup_s=0.0, device="cpu")
+    assert list(frame["backend"]) == ["quick", "slow", "slow", "quick"] * 2  # order reversed
+    assert frame["kernel ms"].isna().all()  # no kernel time on a CPU
+    summary = attention.round_summary(frame)
+    assert list(summary.columns) == ["kernel ms", "spread", "wall ms", "host ms"]
+    assert summary.loc["slow", "wall ms"] > 2 * summary.loc["quick", "wall ms"]
+    verdict = attention.faster(summary, "quick", "slow")
+    assert verdict.startswith("quick against slow: ") and " faster (95% interval" in verdict
+    assert "session floor 5.0%" in verdict  # wall time on a CPU: the host floor
+    with pytest.raises(TypeError, match="summary"):  # a table without its rounds
+        attention.faster(pd.DataFrame(summary.to_dict()), "quick", "slow")
+    with pytest.raises(ValueError, match="second"):
+        attention.faster(summary, "quick", "none")
+
+
+def test_paired_seeds_of_the_copy_task_need_five_for_a_verdict():
+    base = {s: 1.0 + 0.01 * s for s in range(5)}
+    close = {s: v + 0.001 * (-1) ** s for s, v in base.items()}
+    assert attention.paired_interval(close, base, margin=0.05)["verdict"] == "within the margin"
+    three = {s: close[s] for s in range(3)}
+    found = attention.paired_interval(three, base, margin=0.05)
+    assert found["seeds"] == 3 and found["verdict"] == "not resolved"
+    with pytest.raises(ValueError, match="share no seed"):
+        attention.paired_interval({9: 1.0}, base, margin=0.05)
 
 
 def test_refusal_reasons_are_one_sentence_not_a_dump():

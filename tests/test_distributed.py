@@ -19,7 +19,7 @@ import types
 import pytest
 import torch
 
-from fp8lab import collectives, distributed
+from fp8lab import collectives, distributed, protocol
 from fp8lab import reference as te
 from fp8lab.config import TransformerConfig, preset_config
 from fp8lab.flops import layer_parameters
@@ -365,16 +365,34 @@ def test_the_rounds_alternate_every_variant_and_give_intervals(run):
 # --- the chapter's reading of results ---------------------------------------------------------
 
 
-def test_an_interval_gives_a_verdict_only_when_it_clears_the_threshold():
-    assert report.against(0.96, 0.99, 0.95) == "above"
-    assert report.against(0.90, 0.94, 0.95) == "below"
-    assert report.against(0.93, 0.97, 0.95) == "not distinguishable from"
+def test_an_interval_gives_a_verdict_only_when_it_clears_the_threshold(measured_floors):
+    assert report.against(1.02, 1.06, 0.95) == "above"
+    assert report.against(0.80, 0.86, 0.95) == "below"
+    assert report.against(0.93, 0.97, 0.95) == "not distinguishable from"  # holds it
+    assert report.against(0.96, 0.99, 0.95) == "not distinguishable from"  # inside the floor
     assert report.against(math.nan, math.nan, 0.95) == "not distinguishable from"
-    mean, low, high = report.mean_interval([1.0, 2.0, 3.0])
-    assert mean == 2.0 and low < 2.0 < high
-    assert math.isnan(report.mean_interval([1.0])[1])
+    with pytest.raises(ValueError, match="low"):
+        report.against(-0.1, 0.99, 0.95)
     low, high = report.ratio_interval([10.0, 10.2, 9.9, 10.1], [5.0, 5.1, 4.9, 5.05])
     assert 1.9 < low <= high < 2.1
+    assert math.isnan(report.ratio_interval([10.0], [5.0, 5.1])[0])
+
+
+def test_no_threshold_is_cleared_without_a_measured_floor(monkeypatch):
+    from fp8lab.protocol import floor
+
+    monkeypatch.setattr(floor, "FLOORS", {})
+    assert report.against(1.5, 1.6, 0.95) == "not distinguishable from"
+
+
+def test_the_efficiency_interval_is_the_protocols_ratio_interval():
+    rows = [
+        {"variant": "1 GPU", "precision": "bf16", "round_ms": [10.0, 10.2, 9.9]},
+        {"variant": "DDP", "precision": "bf16", "round_ms": [10.5, 10.6, 10.4]},
+    ]
+    ddp = report.round_efficiency(rows).set_index("variant").loc["DDP"]
+    ratios = [10.0 / 10.5, 10.2 / 10.6, 9.9 / 10.4]
+    assert (ddp.efficiency, ddp.low, ddp.high) == pytest.approx(protocol.ratio_interval(ratios))
 
 
 def test_an_older_result_file_is_read_and_its_gaps_named(root):

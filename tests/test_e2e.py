@@ -140,18 +140,27 @@ def test_the_calibrated_setting_changes_only_its_delayed_scaling(bench):
     assert all(math.isfinite(v) for v in record["train_loss"])
 
 
-def test_paired_differences_are_judged_against_the_margin():
+def test_paired_differences_are_judged_by_the_protocol():
     from fp8lab.e2e import stats
 
     base = {seed: 4.0 + 0.01 * seed for seed in range(5)}
     close = {seed: v + 0.001 * (-1) ** seed for seed, v in base.items()}
     far = {seed: v + 0.2 + 0.001 * seed for seed, v in base.items()}
-    assert stats.paired_difference(close, base, margin=0.02)["verdict"] == "equivalent"
+    found = stats.paired_difference(close, base, margin=0.02)
+    assert found["verdict"] == "within the margin"
     worse = stats.paired_difference(far, base, margin=0.02)
-    assert worse["verdict"] == "worse" and worse["low"] > 0.02 and worse["seeds"] == [0, 1, 2, 3, 4]
+    assert worse["verdict"] == "worse beyond the margin" and worse["low"] > 0.02
+    assert worse["seeds"] == [0, 1, 2, 3, 4]
     noisy = {seed: v + (0.1 if seed % 2 else -0.1) for seed, v in base.items()}
-    assert stats.paired_difference(noisy, base, margin=0.02)["verdict"] == "undecided"
-    assert stats.paired_difference({0: 4.0}, base, margin=0.02)["low"] is None
+    assert stats.paired_difference(noisy, base, margin=0.02)["verdict"] == "not resolved"
+    # a diverged run is left out; four pairs are below the protocol's five: no verdict
+    diverged = {**far, 4: float("nan")}
+    short = stats.paired_difference(diverged, base, margin=0.02)
+    assert short["seeds"] == [0, 1, 2, 3] and short["verdict"] == "not resolved"
+    assert short["low"] > 0.02  # the interval is still shown
+    one = stats.paired_difference({0: 4.0}, base, margin=0.02)
+    assert one["low"] is None and one["mean"] == 0.0
+    assert stats.paired_difference({9: 4.0}, base, margin=0.02)["mean"] is None
     band = stats.seed_band(base)
     assert band["low"] == 4.0 and band["high"] == pytest.approx(4.04) and band["sd"] > 0
     with pytest.raises(ValueError, match="margin"):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fp8lab import e2e
+from fp8lab import e2e, protocol
 from fp8lab import stamp as lane
 from fp8lab.e2e import speed as e2e_speed
 
@@ -53,12 +53,14 @@ def test_a_ratio_is_taken_round_by_round_within_one_group():
         }
     }
     # per round 2.0, 2.0, 1.25: a ratio of medians (100 / 80) would say 1.25
-    assert e2e_speed.ratio(record, "large", "te-delayed") == {
-        "median": 2.0,
-        "low": 1.25,
-        "high": 2.0,
-        "rounds": 3,
-    }
+    found = e2e_speed.ratio(record, "large", "te-delayed")
+    assert found["median"] == 2.0 and found["rounds"] == 3
+    comparison = protocol.Comparison(
+        "te-delayed", "bf16", (2.0, 2.0, 1.25), "wall", "host", protocol.floor_for("host")
+    )
+    assert found["estimate"] == pytest.approx(comparison.estimate)  # the geometric mean
+    assert (found["low"], found["high"]) == pytest.approx((comparison.low, comparison.high))
+    assert found["verdict"] == comparison.verdict
     assert e2e_speed.ratio(record, "large", "te-block")["median"] == pytest.approx(1.5)
     assert e2e_speed.ratio(record, "large", "te-block", "te-delayed") is None
     assert e2e_speed.tokens_per_s(record, "large", "te-delayed") == pytest.approx(1000 / 0.08)

@@ -196,3 +196,42 @@ def test_the_books_floor_table_is_current():
     from tools.session_floor import PAGE, page
 
     assert PAGE.read_text() == page(), "run python -m tools.session_floor summary --write"
+
+
+def test_two_samples_measured_apart_get_welchs_interval():
+    estimate, low, high = protocol.unpaired_ratio_interval([2.0, 2.2, 1.8], [1.0, 1.1])
+    logs_a = [math.log(v) for v in (2.0, 2.2, 1.8)]
+    logs_b = [math.log(v) for v in (1.0, 1.1)]
+    assert estimate == pytest.approx(math.exp(sum(logs_a) / 3 - sum(logs_b) / 2))
+    assert low < estimate < high
+    # Welch: the wider sample sets the width; a one-value side gives no interval
+    assert math.isnan(protocol.unpaired_ratio_interval([2.0], [1.0, 1.1])[1])
+    assert protocol.unpaired_ratio_interval([2.0, 2.0], [1.0, 1.0]) == (2.0, 2.0, 2.0)
+    with pytest.raises(ValueError, match="denominator"):
+        protocol.unpaired_ratio_interval([2.0, 2.0], [1.0, 0.0])
+
+
+def test_a_paired_summary_keeps_the_interval_of_a_short_run():
+    base = {s: 2.0 for s in range(5)}
+    worse = {s: 2.05 + 0.001 * s for s in range(5)}
+    row = protocol.paired_summary(worse, base, margin=0.01)
+    full = protocol.paired(worse, base, margin=0.01)
+    assert row == {
+        "seeds": 5, "mean": full.mean, "low": full.low, "high": full.high, "verdict": WORSE
+    }
+    three = protocol.paired_summary({s: worse[s] for s in range(3)}, base, margin=0.01)
+    assert three["seeds"] == 3 and three["verdict"] == protocol.NOT_RESOLVED
+    assert three["low"] > 0.01  # beyond the margin, but three seeds give no verdict
+    with pytest.raises(ValueError, match="no seed"):
+        protocol.paired_summary({7: 1.0}, base, margin=0.01)
+    with pytest.raises(ValueError, match="margin"):
+        protocol.paired_summary({0: 1.0}, base, margin=0.0)
+
+
+def test_rounds_keep_the_hosts_time_to_issue_each_round():
+    steps = {"a": lambda: time.sleep(0.002), "b": lambda: None}
+    result = protocol.rounds(steps, rounds=2, calls=2, warmup=0, kernel_time=None, device="cpu")
+    assert set(result.host) == {"a", "b"} and all(len(v) == 2 for v in result.host.values())
+    assert min(result.host["a"]) > 1.5  # on a CPU the host's time is the call's
+    with pytest.raises(ValueError, match="above 0 ms"):
+        protocol.Rounds.from_times({"a": [[0.0], [1.0]], "b": [[1.0], [1.0]]}).compare("a", "b")

@@ -129,3 +129,55 @@ def test_out_of_memory_names_the_configuration(monkeypatch):
 
     with pytest.raises(MemoryError, match=r"'Huge' \(forward, inputs \(2, 4\)\)"):
         speedometer(Huge(), torch.randn(2, 4), mode="forward", warmup=1, iters=1)
+
+
+def test_the_clock_reads_the_time_between_its_marks():
+    import time
+
+    from fp8lab.speedometer import Clock
+
+    clock = Clock("cpu")
+    time.sleep(0.004)
+    clock.mark()
+    time.sleep(0.001)
+    clock.mark()
+    first, second = clock.read()
+    assert first >= 4.0 and 1.0 <= second < first
+    assert clock.host_ms == pytest.approx(first + second)  # on a CPU the host's time is all
+    with pytest.raises(ValueError, match="device"):
+        Clock("gpu")
+
+
+def test_time_calls_is_one_clock_mark_per_call():
+    import time
+
+    from fp8lab.speedometer import time_calls
+
+    calls = []
+    times = time_calls(lambda: (calls.append(1), time.sleep(0.002)), 3, torch.device("cpu"))
+    assert len(calls) == 3 and len(times) == 3 and min(times) >= 2.0
+    assert times.host_ms == pytest.approx(sum(times) / 3)
+    with pytest.raises(ValueError, match="calls"):
+        time_calls(lambda: None, 0, "cpu")
+
+
+def test_a_training_step_is_timed_on_the_clock_with_the_optimizer_marked(monkeypatch):
+    from fp8lab import speedometer
+    from fp8lab.training import step as step_module
+
+    marks = []
+
+    class Recording(speedometer.Clock):
+        def mark(self):
+            marks.append(len(marks))
+            super().mark()
+
+    monkeypatch.setattr(step_module, "Clock", Recording)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = (torch.randn(2, 4), torch.randn(2, 4))
+    result = step_module.train_step(
+        model, [batch], optimizer, loss_fn=torch.nn.functional.mse_loss
+    )
+    assert marks == [0, 1, 2]  # the start, the hand-over to the optimizer, the end
+    assert 0 <= result.optimizer_ms <= result.step_ms

@@ -30,27 +30,50 @@ def test_change_words_follow_the_sign_and_the_rounding():
         change(math.inf)
 
 
-def test_ratio_words_never_say_faster_below_one():
-    assert ratio_words(1.12, 1.05, 1.2).endswith("(faster)")
-    assert "slower" in ratio_words(0.94, 0.9, 0.97)
-    assert ratio_words(0.94, 0.9, 1.02).startswith("within the noise")
+def test_ratio_words_say_the_protocols_verdict(measured_floors):
+    assert ratio_words(1.12, 1.08, 1.16).endswith("(faster)")
+    assert ratio_words(0.90, 0.88, 0.92, slower="caching slower").endswith("(caching slower)")
+    # beyond 1 but inside the 5% host floor: no "faster"
+    assert ratio_words(1.03, 1.02, 1.04) == "tied (1.02x-1.04x)"
+    assert ratio_words(1.12, 0.97, 1.3).startswith("not resolved")  # the interval holds 1
+    assert ratio_words(1.12, math.nan, math.nan).startswith("not resolved")  # one round
     assert ratio_words(math.nan, math.nan, math.nan) == "not measured"
     with pytest.raises(ValueError, match="low"):
         ratio_words(1.0, 1.2, 1.1)
 
 
-def test_alternate_rounds_runs_in_rounds_and_gives_ratios():
+def test_without_a_measured_floor_nothing_is_faster(monkeypatch):
+    from fp8lab.protocol import floor
+
+    monkeypatch.setattr(floor, "FLOORS", {})
+    assert ratio_words(2.0, 1.9, 2.1).startswith("not resolved")
+
+
+def test_alternate_rounds_follow_the_protocol():
     order = []
     steps = {"A": lambda: order.append("A"), "B": lambda: order.append("B")}
     times = alternate_rounds(steps, rounds=3, iters=2, warmup=1)
-    assert order[2:] == ["A", "A", "B", "B"] * 3
+    # after one warm-up call of each, the order reverses every other round
+    assert order[2:] == ["A", "A", "B", "B"] + ["B", "B", "A", "A"] + ["A", "A", "B", "B"]
+    assert times.orders == (("A", "B"), ("B", "A"), ("A", "B"))
     ratio, low, high = times.ratio("A", "B")
     assert low <= ratio <= high
     table = times.table()
     assert list(table.index) == ["A", "B"] and table["GPU idle"].isna().all()
     assert len(times.flat("A")) == 6
-    with pytest.raises(ValueError, match="label"):
+    assert len(alternate_rounds(steps, rounds=1, iters=1, warmup=0).times["A"]) == 2
+    with pytest.raises(ValueError, match="name"):
         times.median("C")
+
+
+def test_a_round_times_ratio_is_the_protocols_comparison():
+    from fp8lab.weights import RoundTimes
+
+    times = RoundTimes.from_times({"slow": [[2.0], [2.2], [2.1]], "fast": [[1.0], [1.0], [1.1]]})
+    found = times.compare("fast", "slow")
+    assert times.ratio("slow", "fast") == (found.estimate, found.low, found.high)
+    assert times.ratio("slow", "fast")[0] == pytest.approx((2.0 * 2.2 * 2.1 / 1.1) ** (1 / 3))
+    assert times.median("slow") == 2.1
 
 
 def test_largest_layers_fits_and_one_more_does_not():
@@ -145,36 +168,18 @@ def test_reference_fused_adam_skips_delayed_fp8_weights_without_master_weights()
         _one_step(te, layer, Float8CurrentScaling())
 
 
-def test_paired_difference_verdicts():
+def test_paired_difference_is_the_protocols():
     from fp8lab.weights import paired_difference
 
-    same = paired_difference([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], 0.01)
+    same = paired_difference([1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 3.0, 4.0, 5.0], 0.01)
     assert same["verdict"] == "identical" and same["mean"] == 0
-    close = paired_difference([1.001, 2.0, 3.001, 4.0], [1.0, 2.001, 3.0, 4.001], 0.05)
+    close = paired_difference([1.001, 2.0, 3.001, 4.0, 5.0], [1.0, 2.001, 3.0, 4.001, 5.0], 0.05)
     assert close["verdict"] == "within the margin"
-    far = paired_difference([1.5, 2.5, 3.6], [1.0, 2.0, 3.0], 0.05)
-    assert far["verdict"] == "outside the margin" and far["low"] > 0.05
-    with pytest.raises(ValueError, match="seeds"):
-        paired_difference([1.0], [1.0], 0.1)
-
-
-def test_a_failed_graph_capture_leaves_the_model_class_as_it_was():
-    from types import SimpleNamespace
-
-    from fp8lab.weights.graphs import graphed_stack_step
-
-    class Stack(torch.nn.Sequential):
-        pass
-
-    def capture(model, *args, **kwargs):
-        type(model).__call__ = lambda self, *a, **k: None  # what TE does during capture
-        raise RuntimeError("capture failed")
-
-    fake_te = SimpleNamespace(make_graphed_callables=capture)
-    model = Stack(torch.nn.Linear(4, 4))
-    batch = [(torch.randn(2, 4), torch.randn(2, 4))]
-    value, reason = attempt(lambda: graphed_stack_step(
-        fake_te, model, batch, None, cache=False, loss_fn=torch.nn.functional.mse_loss))
-    assert value is None and "capture failed" in reason
-    assert "__call__" not in Stack.__dict__
-    assert model(torch.randn(2, 4)).shape == (2, 4)
+    far = paired_difference([1.5, 2.5, 3.6, 4.5, 5.55], [1.0, 2.0, 3.0, 4.0, 5.0], 0.05)
+    assert far["verdict"] == "worse beyond the margin" and far["low"] > 0.05
+    short = paired_difference([1.5, 2.5, 3.6], [1.0, 2.0, 3.0], 0.05)  # three seeds: no verdict
+    assert short["verdict"] == "not resolved" and short["low"] > 0.05
+    with pytest.raises(ValueError, match="one value per seed"):
+        paired_difference([1.0], [1.0, 2.0], 0.1)
+    with pytest.raises(ValueError, match="margin"):
+        paired_difference([1.0, 2.0], [1.0, 2.0], 0.0)

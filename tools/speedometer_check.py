@@ -3,7 +3,8 @@
 ``python -m tools.speedometer_check`` times the forward+backward of a
 ``te.TransformerLayer`` (H=4096, F=16384, A=32, S=2048, B=4: a step of well over
 5 ms) in BF16 and FP8, alternating the speedometer with a bare loop that
-brackets the same number of the same steps with one pair of CUDA events.
+brackets the same number of the same steps with one pair of marks of the book's one clock
+(:class:`fp8lab.speedometer.Clock`), against its per-call marks.
 
 Round-to-round range: (max - min) / median of the speedometer's medians over the rounds (and
 their coefficient of variation); not the speedometer's per-run spread (IQR / median).
@@ -33,20 +34,20 @@ def _make_step(te, layer, x, dy, kwargs):
 
 
 def _bare_loop(step, iters: int) -> float:
-    """Milliseconds per step of ``iters`` steps between one pair of CUDA events."""
+    """Milliseconds per step of ``iters`` steps between two marks of the book's one clock."""
     import torch
+
+    from fp8lab.speedometer import Clock
 
     begin = time.perf_counter()
     while time.perf_counter() - begin < 1.0:  # the same warm-up as the speedometer's
         step()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    clock = Clock("cuda")
     for _ in range(iters):
         step()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    clock.mark()
+    return clock.read()[0] / iters
 
 
 def _report(label: str, medians, means, bares) -> None:
@@ -64,6 +65,7 @@ def _report(label: str, medians, means, bares) -> None:
 def main(rounds: int = 7, iters: int = 100, warm_seconds: float = 5.0) -> int:
     import torch
 
+    from fp8lab import recipes
     from fp8lab.environment import import_te
     from fp8lab.speedometer import speedometer
 
@@ -72,8 +74,9 @@ def main(rounds: int = 7, iters: int = 100, warm_seconds: float = 5.0) -> int:
     layer = te.TransformerLayer(4096, 16384, 32, params_dtype=torch.bfloat16, fuse_qkv_params=True)
     x = torch.randn(2048, 4, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
-    for label, fp8 in (("BF16", False), ("FP8 delayed", True)):
-        kwargs = {"enabled": fp8, "recipe": recipe.DelayedScaling() if fp8 else None}
+    for name in ("bf16", "delayed"):
+        label, fp8_recipe = recipes.label(name), recipes.make(recipe, name)
+        kwargs = {"enabled": fp8_recipe is not None, "recipe": fp8_recipe}
         step = _make_step(te, layer, x, dy, kwargs)
         begin = time.perf_counter()
         while (

@@ -59,6 +59,8 @@ EXPECTED_FAMILY = {
     "sdpa_math": UNFUSED,
     "explicit": UNFUSED,
 }
+# The recipes (fp8lab.recipes names) whose fp8_dpa a selection log can be asked about.
+FP8_ATTENTION_RECIPES = ("delayed", "current")
 _TE_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
 _TE_MISSING = "needs Transformer Engine on a CUDA GPU"
 
@@ -161,9 +163,9 @@ def _check_recipe_name(name: str, value):
         what = "the te module" if _is_te(value) else "the recipe module or a recipe"
         raise TypeError(
             f"{name}={checks.show(value)} is {what}: name the recipe instead, "
-            "'delayed' or 'current' (the logging process makes it)"
+            f"one of {FP8_ATTENTION_RECIPES} (the logging process makes it)"
         )
-    return None if value is None else checks.choice(name, value, ("delayed", "current"))
+    return None if value is None else checks.choice(name, value, FP8_ATTENTION_RECIPES)
 
 
 def _te_attention(te, shape: AttentionShape):

@@ -7,20 +7,17 @@ again. Only the second half is scored (the first half's targets carry the ignore
 goes to 0; the chapter-01 Markov chain, by contrast, is solved from the current token alone.
 
 :func:`paired_interval`: the differences of two settings run with the same seeds (same initial
-weights, same batches), their mean and a Student-t confidence interval (:mod:`scipy.stats`),
-judged against an equivalence margin declared before the runs.
+weights, same batches), their mean and its interval, judged by the book's protocol against a
+margin declared before the runs.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
-import numpy as np
 import torch
-from scipy import stats
 
-from fp8lab import checks
+from fp8lab import checks, protocol
 from fp8lab.devices import resolve_device
 from fp8lab.training.loss import IGNORE_INDEX
 
@@ -53,29 +50,14 @@ def paired_interval(
     margin: float,
     confidence: float = 0.95,
 ) -> dict[str, float | str]:
-    """Per-seed differences ``first[s] - second[s]`` over the seeds both have: their mean, the
-    Student-t interval at ``confidence``, and a verdict against ``margin`` (> 0): "within the
-    margin" if the whole interval lies in ``[-margin, margin]``, "worse beyond the margin" or
-    "better beyond the margin" if it lies wholly outside, else "inconclusive"."""
+    """Per-seed differences ``first[s] - second[s]`` over the seeds both have, judged by the
+    protocol (:func:`fp8lab.protocol.paired_summary`): ``{"seeds", "mean", "low", "high",
+    "verdict"}``, the verdict against ``margin`` (> 0, declared before the runs) given from
+    five seeds on ("not resolved" below)."""
     if not isinstance(first, Mapping) or not isinstance(second, Mapping):
         raise TypeError("first and second must map seeds to final losses")
-    margin = checks.number("margin", margin, positive=True)
-    confidence = checks.number("confidence", confidence, positive=True)
-    if confidence >= 1:
-        raise ValueError(f"confidence={confidence}: must be below 1")
-    seeds = sorted(set(first) & set(second))
-    if len(seeds) < 2:
-        raise ValueError(f"first and second share {len(seeds)} seeds: need at least 2")
-    diffs = np.array([float(first[s]) - float(second[s]) for s in seeds])
-    mean, sem = float(diffs.mean()), float(diffs.std(ddof=1) / math.sqrt(len(diffs)))
-    half_width = float(stats.t.ppf(0.5 + confidence / 2, len(diffs) - 1)) * sem
-    low, high = mean - half_width, mean + half_width
-    if -margin <= low and high <= margin:
-        verdict = "within the margin"
-    elif low > margin:
-        verdict = "worse beyond the margin"
-    elif high < -margin:
-        verdict = "better beyond the margin"
-    else:
-        verdict = "inconclusive"
-    return {"seeds": len(seeds), "mean": mean, "low": low, "high": high, "verdict": verdict}
+    if not set(first) & set(second):
+        raise ValueError("first and second share no seed")
+    return protocol.paired_summary(
+        first, second, margin=margin, names=("first", "second"), confidence=confidence
+    )

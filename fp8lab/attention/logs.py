@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from fp8lab import checks
+from fp8lab import checks, recipes
 from fp8lab.attention import backends
 from fp8lab.attention.functional import AttentionShape
 from fp8lab.devices import default_device
@@ -182,7 +182,7 @@ class SelectionLog:
 # --- the logging process ------------------------------------------------------------------------
 
 
-def _run_case(te, recipes: Mapping[str, Any], case: Mapping[str, Any], device) -> None:
+def _run_case(te, recipe_module, case: Mapping[str, Any], device) -> None:
     """One forward and backward of a fresh ``te.DotProductAttention`` for ``case``."""
     window = case["shape"]["window_size"]
     shape = AttentionShape(**{**case["shape"], "window_size": tuple(window) if window else None})
@@ -190,7 +190,9 @@ def _run_case(te, recipes: Mapping[str, Any], case: Mapping[str, Any], device) -
     q, k, v = shape.make_inputs(device=device)
     fp8 = case.get("recipe")
     autocast = (
-        te.autocast(recipe=recipes[fp8](fp8_dpa=True, fp8_mha=case.get("fp8_mha", False)))
+        te.autocast(recipe=recipes.make(
+            recipe_module, fp8, fp8_dpa=True, fp8_mha=case.get("fp8_mha", False)
+        ))
         if fp8
         else contextlib.nullcontext()
     )
@@ -210,12 +212,11 @@ def child_main() -> int:  # pragma: no cover - runs on the GPU, in a fresh proce
     device = default_device()
     if device.type == "cuda":
         torch.cuda.init()
-    recipes = {"delayed": te_recipe.DelayedScaling, "current": te_recipe.Float8CurrentScaling}
     for index, case in enumerate(json.loads(sys.stdin.read())):
         print(f"{_CHILD_MARK} {index}", file=sys.stderr, flush=True)
         try:
             with backends._te_environment(case["env"]):
-                _run_case(te, recipes, case, device)
+                _run_case(te, te_recipe, case, device)
         except Exception as error:  # the point is to show the error, whatever its kind
             print(f"{_CHILD_MARK} error {_first_line(error)}", file=sys.stderr, flush=True)
     print(f"{_CHILD_MARK} end", file=sys.stderr, flush=True)

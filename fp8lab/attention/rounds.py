@@ -1,26 +1,25 @@
-"""Backends timed in alternated rounds, by the GPU's kernel time and by the host's wall time.
+"""Backends timed by the book's protocol, by the GPU's kernel time and by the wall time.
 
 At short sequences one attention step is a few small kernels, and the host's Python and launch
 work can take longer than the kernels themselves: a wall-clock time then measures the host, not
-the GPU. :func:`interleaved_rounds` runs every backend's step in each round, in an order that
-alternates from round to round (so a drift of clocks or temperature touches every backend
-alike), and records per step both the kernel time the profiler saw
-(:func:`fp8lab.profiling.profile`, the sum of the kernels' own times) and the wall time of the
-same steps. :func:`round_summary` gives each backend's median over the rounds and the
-round-to-round spread; :func:`faster` calls a difference only where it exceeds that spread,
-and :func:`beyond_spread` is the same rule for any two medians with their spreads (the chapter
-uses one rule for every "faster").
+the GPU. :func:`interleaved_rounds` times every backend's step with
+:func:`fp8lab.protocol.rounds` (the order reversed every other round, so that a drift of clocks
+or temperature touches every backend alike; on a GPU the kernels profiled in every round) and
+lays the rounds out as a table. :func:`round_summary` gives each backend's median over the
+rounds and the round-to-round spread; :func:`faster` is the protocol's verdict on two backends
+(by kernel time where it was measured), and :func:`beyond_spread` the same rule for two medians
+with their spreads (the chapter uses one rule for every "faster").
 """
 
 from __future__ import annotations
 
-import time
+import math
+import statistics
 from collections.abc import Callable, Mapping
 
 import pandas as pd
-import torch
 
-from fp8lab import checks, profiling
+from fp8lab import checks, protocol
 from fp8lab.attention import backends
 from fp8lab.attention.functional import AttentionShape
 from fp8lab.attention.run import _builder, _Options, _Workload
@@ -62,41 +61,6 @@ def backend_step(
     return step
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _warm(steps: Mapping[str, Callable[[], None]], seconds: float, device) -> None:
-    """Every step at least once, then all of them in turn until ``seconds`` have passed."""
-    started = time.perf_counter()
-    while True:
-        for step in steps.values():
-            step()
-        _sync(device)
-        if time.perf_counter() - started >= seconds:
-            return
-
-
-def _wall_ms(step: Callable[[], None], iters: int, device) -> float:
-    """Host clock per call over ``iters`` calls, synchronised before and after."""
-    _sync(device)
-    started = time.perf_counter()
-    for _ in range(iters):
-        step()
-    _sync(device)
-    return (time.perf_counter() - started) * 1e3 / iters
-
-
-def _check_steps(steps) -> dict[str, Callable[[], None]]:
-    if not isinstance(steps, Mapping) or not steps:
-        raise TypeError("steps must be a non-empty dict of names to zero-argument callables")
-    for name, step in steps.items():
-        if not isinstance(name, str) or not callable(step):
-            raise TypeError(f"steps[{name!r}] must be a callable under a string name")
-    return dict(steps)
-
-
 def interleaved_rounds(
     steps: Mapping[str, Callable[[], None]],
     *,
@@ -105,33 +69,51 @@ def interleaved_rounds(
     warmup_s: float = 1.0,
     device=None,
 ) -> pd.DataFrame:
-    """Time each step of ``steps`` (name -> one forward + backward, say) in ``rounds`` rounds of
-    ``iters`` calls, after ``warmup_s`` seconds of all of them in turn; the order within a round
-    is reversed every other round. Returns one row per (backend, round): ``kernel ms`` (per
-    call, the kernels' own times; on a CPU, the operators' self times) and ``wall ms`` (per
-    call, host clock around ``iters`` unprofiled calls just before, synchronised)."""
-    steps = _check_steps(steps)
-    checks.integer("rounds", rounds, minimum=2)
+    """Time each step of ``steps`` (name -> one forward + backward, say) with
+    :func:`fp8lab.protocol.rounds`: ``rounds`` rounds of ``iters`` calls, after one call of each
+    and ``warmup_s`` seconds of all of them in turn. Returns one row per (backend, round):
+    ``kernel ms`` (the kernels' busy time of one profiled call of that round; NaN on a CPU) and
+    ``wall ms`` (the median of the round's calls); the :class:`fp8lab.protocol.Rounds` rides
+    along in ``attrs["rounds"]`` for :func:`faster`."""
     checks.integer("iters", iters)
-    warmup_s = checks.number("warmup_s", warmup_s, non_negative=True)
-    device = resolve_device(device, default=True)
-    _warm(steps, warmup_s, device)
-    names, rows = list(steps), []
-    for index in range(rounds):
-        for name in names if index % 2 == 0 else names[::-1]:
-            wall_ms = _wall_ms(steps[name], iters, device)
-            seen = profiling.profile(steps[name], warmup=0, iters=iters, device=device)
+    timed = protocol.rounds(
+        steps,
+        rounds=rounds,
+        calls=iters,
+        warmup=1,
+        warmup_s=warmup_s,
+        kernel_time="rounds",
+        device=resolve_device(device, default=True),
+    )
+    rows = []
+    for index, order in enumerate(timed.orders):
+        for name in order:
+            kernel = timed.kernel.get(name, ())
             rows.append(
-                {"backend": name, "round": index, "kernel ms": seen.kernel_ms, "wall ms": wall_ms}
+                {
+                    "backend": name,
+                    "round": index,
+                    "kernel ms": kernel[index] if kernel else math.nan,
+                    "wall ms": statistics.median(timed.times[name][index]),
+                }
             )
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame.attrs["rounds"] = timed
+    return frame
+
+
+def _rounds_of(table, what: str, maker: str) -> protocol.Rounds:
+    found = table.attrs.get("rounds") if isinstance(table, pd.DataFrame) else None
+    if not isinstance(found, protocol.Rounds):
+        raise TypeError(f"{what} must be the table {maker} returned")
+    return found
 
 
 def round_summary(frame: pd.DataFrame) -> pd.DataFrame:
     """Per backend: the median over rounds of ``kernel ms`` and its spread (max - min over the
-    median), and ``host ms`` (median wall ms minus median kernel ms: time the GPU did not set)."""
-    if not isinstance(frame, pd.DataFrame) or not {"backend", "kernel ms"} <= set(frame):
-        raise TypeError("frame must be the table interleaved_rounds returned")
+    median), ``wall ms`` (median over rounds) and ``host ms`` (median wall ms minus median
+    kernel ms: time the GPU did not set)."""
+    timed = _rounds_of(frame, "frame", "interleaved_rounds")
     grouped = frame.groupby("backend", sort=False)
     kernel = grouped["kernel ms"]
     out = pd.DataFrame(
@@ -142,32 +124,36 @@ def round_summary(frame: pd.DataFrame) -> pd.DataFrame:
         }
     )
     out["host ms"] = (out["wall ms"] - out["kernel ms"]).clip(lower=0.0)
+    out.attrs["rounds"] = timed
     return out
 
 
 def faster(summary: pd.DataFrame, first: str, second: str) -> str:
-    """``"<first> faster"``, ``"<second> faster"`` or ``"tied (within the spread)"``: a
-    difference of median kernel times counts only beyond the larger round-to-round spread of
-    the two."""
-    if not isinstance(summary, pd.DataFrame) or "kernel ms" not in summary:
-        raise TypeError("summary must be the table round_summary returned")
+    """The protocol's verdict on ``first`` against ``second``
+    (:meth:`fp8lab.protocol.Rounds.compare`, by kernel time where every round measured it, else
+    by wall time), as a phrase:
+    ``"te_fused against sdpa_flash: 1.46x faster (95% interval ...; session floor 2.0%)"``."""
+    timed = _rounds_of(summary, "summary", "round_summary")
     for argument, name in (("first", first), ("second", second)):
         if not isinstance(name, str) or name not in summary.index:
             raise ValueError(
                 f"{argument}={name!r}: not a backend of this summary ({list(summary.index)})"
             )
-    a, b = summary.loc[first], summary.loc[second]
-    if not beyond_spread(a["kernel ms"], b["kernel ms"], a["spread"], b["spread"]):
-        return "tied (within the spread)"
-    return f"{first if a['kernel ms'] < b['kernel ms'] else second} faster"
+    by_kernel = all(len(timed.kernel.get(n, ())) == len(timed.orders) for n in (first, second))
+    found = timed.compare(first, second, basis="kernel" if by_kernel else "wall")
+    return f"{first} against {second}: {found.phrase()}"
 
 
 def beyond_spread(first_ms: float, second_ms: float, *spreads: float) -> bool:
-    """Whether two median times differ by more than the larger of their relative spreads:
-    ``|first / second - 1| > max(spreads)``. Inside it, which is faster is not a result."""
+    """Whether the protocol calls one of two median times faster
+    (:func:`fp8lab.protocol.speed_verdict`), their ratio's range set by the larger of their
+    relative spreads and the estimate held against the session floor (the widest, as the
+    regime is not known here). Inside it, which is faster is not a result."""
     first_ms = checks.number("first_ms", first_ms, positive=True)
     second_ms = checks.number("second_ms", second_ms, positive=True)
     if not spreads:
         raise ValueError("spreads: give at least one relative spread (e.g. 0.05 for 5%)")
-    limit = max(checks.number("spreads", s, non_negative=True) for s in spreads)
-    return abs(first_ms / second_ms - 1) > limit
+    limit = 1 + max(checks.number("spreads", s, non_negative=True) for s in spreads)
+    ratio, floor = second_ms / first_ms, protocol.floor_for("host").relative
+    word = protocol.speed_verdict(ratio, ratio / limit, ratio * limit, floor)
+    return word in (protocol.FASTER, protocol.SLOWER)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from fp8lab import recipes
 from fp8lab.config import TransformerConfig
 from fp8lab.e2e.settings import Plan, Setting
 from fp8lab.e2e.steps import WithLoss, compile_torch
@@ -21,14 +22,13 @@ NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
 
 def fp8_recipe(recipe, setting: Setting):
     """The TE recipe object of ``setting`` (``recipe`` is TE's recipe module), or ``None``."""
+    if setting.recipe is None:
+        return None
+    overrides = {}
     if setting.recipe == "delayed":
-        return recipe.DelayedScaling(
-            amax_history_len=setting.amax_history_len,
-            amax_compute_algo=setting.amax_compute_algo,
-        )
-    if setting.recipe == "current":
-        return recipe.Float8CurrentScaling()
-    return None
+        overrides = {"amax_history_len": setting.amax_history_len,
+                     "amax_compute_algo": setting.amax_compute_algo}
+    return recipes.make(recipe, setting.recipe, **overrides)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

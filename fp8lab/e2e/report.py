@@ -127,7 +127,7 @@ def first_update(bench, names=ACCURACY_SETTINGS, model: str = "small") -> pd.Dat
 
 def speed_table(record: dict) -> pd.DataFrame:
     """Per model and setting: device and host ms per step (medians over rounds), the ratio to
-    TE BF16 with its lowest and highest round, tokens/s, model TFLOP/s and how it ran."""
+    TE BF16 with its interval over the rounds, tokens/s and how it ran."""
     rows = {}
     for model, entry in (record or {}).get("models", {}).items():
         for group in entry["groups"]:
@@ -140,8 +140,8 @@ def speed_table(record: dict) -> pd.DataFrame:
                 rows[(model, SETTINGS[name].label)] = {
                     "GPU ms": device_ms,
                     "host ms": float(np.median(group["host_ms_per_step"][name])),
-                    "× TE BF16": found.get("median"),
-                    "rounds": f"{found['low']:.2f}–{found['high']:.2f}" if found else "",
+                    "× TE BF16": found.get("estimate"),
+                    "95% interval": f"{found['low']:.2f}–{found['high']:.2f}" if found else "",
                     "tokens/s": entry["tokens_per_step"] / device_ms * 1e3,
                     "graphs": ran["graphs"] or ("refused" if ran["refused"] else "none"),
                 }

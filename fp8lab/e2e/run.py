@@ -25,6 +25,7 @@ from fp8lab.e2e import steps as stepping
 from fp8lab.e2e.evaluation import evaluate
 from fp8lab.e2e.results import finite, write_record
 from fp8lab.e2e.settings import GROUPS, MODELS, SCHEMA, SETTINGS, SPLIT_BY, Setting
+from fp8lab.speedometer import Clock
 
 
 class FirstStepFailed(RuntimeError):
@@ -87,19 +88,18 @@ def run(bench, model: str, setting: str, seed: int = 0, steps: int | None = None
 
 
 def _interval(bench, model_name, built, scheduler, loader, span, fp8, log) -> float:
-    """Train steps ``span[0]..span[1]`` without a host sync; return the wall seconds."""
+    """Train steps ``span[0]..span[1]`` without a host sync; return their seconds on the
+    book's one clock."""
     _, optimizer, trained = built
     norm = bench.plan(model_name).max_grad_norm
-    cuda = bench.device.type == "cuda"
-    if cuda:
+    if bench.device.type == "cuda":
         torch.cuda.synchronize()
-    begin = time.perf_counter()
+    clock = Clock(bench.device)
     for batch in loader.batches(span[1] - span[0], start=span[0]):
         log.add(stepping.step(trained, batch, optimizer, norm, fp8))
         scheduler.step()
-    if cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - begin
+    clock.mark()
+    return clock.read()[0] / 1e3
 
 
 def _train_and_validate(bench, model_name, setting, steps, built, fp8, loader) -> dict:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from fp8lab import checks
 from fp8lab.config import TransformerConfig
+from fp8lab.recipes import label
 
 MODELS = ("small", "large")
 PRESETS = ("smoke", "full")
@@ -126,7 +127,7 @@ class Setting:
     name: str
     label: str
     form: str = "te_layer"
-    recipe: str | None = None  # TE: "delayed" or "current"
+    recipe: str | None = None  # TE: a name of fp8lab.recipes ("delayed", "current")
     amax_history_len: int = 1024  # delayed scaling: TE's defaults unless the setting says
     amax_compute_algo: str = "max"
     calibrate: bool = False  # one forward and backward that only records amaxes, before step 0
@@ -150,17 +151,17 @@ class Setting:
 SETTINGS = {
     s.name: s
     for s in (
-        Setting("bf16", "TE BF16"),
-        Setting("te-delayed", "TE FP8 delayed", recipe="delayed"),
+        Setting("bf16", f"TE {label('bf16')}"),
+        Setting("te-delayed", f"TE {label('delayed')}", recipe="delayed"),
         Setting(
             "te-delayed-calibrated",
-            "TE FP8 delayed, calibrated",
+            f"TE {label('delayed')}, calibrated",
             recipe="delayed",
             amax_history_len=16,
             amax_compute_algo="most_recent",
             calibrate=True,
         ),
-        Setting("te-current", "TE FP8 current", recipe="current"),
+        Setting("te-current", f"TE {label('current')}", recipe="current"),
         Setting("torch-bf16", "PyTorch BF16", form="pytorch"),
         Setting("torch-bf16-compiled", "PyTorch BF16 compiled", form="pytorch", compile=True),
     )

@@ -1,9 +1,10 @@
 """Chapter 09's speed ratios, measured in alternating rounds, with the GPU setting the time.
 
 :func:`measure` builds several settings of one model side by side on one GPU and times them
-in rounds, in a rotating order: every round times ``steps`` whole training steps of each
-setting (batch, forward, loss, backward, clipping, optimizer), so every ratio is taken from
-neighbouring seconds, and the spread of a ratio over the rounds shows how far noise moved it.
+by the book's protocol (:func:`fp8lab.protocol.rounds`): every round times ``steps`` whole
+training steps of each setting (batch, forward, loss, backward, clipping, optimizer), the order
+reversed every other round, so every ratio is taken from neighbouring seconds; :func:`ratio`
+judges it with its interval over the rounds against the session floor.
 
 The host must not set the time. The small model's step is short enough that Python and the
 kernel launches would (chapter 03), so its settings run as CUDA graphs: TE's model and loss
@@ -23,17 +24,19 @@ weights. The file is stamped like the long runs (:func:`stamp`).
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import asdict
 
 import numpy as np
 import torch
 
-from fp8lab import checks, flops
+from fp8lab import checks, flops, protocol
 from fp8lab import corpus as text
 from fp8lab.e2e import steps as stepping
 from fp8lab.e2e.bench import Bench
 from fp8lab.e2e.results import ROOT, result_modules
+from fp8lab.e2e.run import _one_line
 from fp8lab.e2e.settings import MODELS, SETTINGS
 
 RESULTS_FILE = ROOT / "tests" / "gpu_results" / "e2e_speed.json"
@@ -45,10 +48,6 @@ GROUPS = {
 GRAPHED = {"small": True, "large": False}  # CUDA graphs where the host would set the time
 ROUNDS = {"small": (7, 10), "large": (5, 5)}  # (rounds, steps per round)
 SCHEMA = 2
-
-
-def _one_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}".splitlines()[0][:300]
 
 
 def build_step(bench: Bench, model: str, name: str, graphs: bool):
@@ -95,46 +94,24 @@ def _first_steps(bench: Bench, model: str, name: str, graphs: bool, warmup: int)
     return step, {**what, "refused": refused}
 
 
-def _time_round(step, steps: int, cuda: bool) -> tuple[float, float]:
-    """``(device ms, host ms)`` per step over ``steps`` steps: CUDA events for the device, the
-    host's time to issue the steps (before it waits) beside it."""
-    if cuda:
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-    begin = time.perf_counter()
-    for _ in range(steps):
-        step()
-    host = (time.perf_counter() - begin) * 1e3
-    if not cuda:
-        return host / steps, host / steps
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / steps, host / steps
-
-
 def time_group(bench: Bench, model: str, settings, rounds: int, steps: int, warmup: int) -> dict:
-    """Build ``settings`` of ``model`` side by side, warm each up, then time ``rounds`` rounds of
-    ``steps`` steps each in a rotating order. Returns ``{"settings", "ms_per_step",
-    "host_ms_per_step", "what_ran"}``, one list per setting: its per-step time in each round."""
-    cuda, graphs = bench.device.type == "cuda", GRAPHED[model]
+    """Build ``settings`` of ``model`` side by side, warm each up, then time them in rounds
+    (:func:`fp8lab.protocol.rounds`: ``steps`` steps of each per round, the order reversed every
+    other round). Returns ``{"settings", "ms_per_step", "host_ms_per_step", "what_ran"}``, one
+    list per setting: its device and host ms per step in each round (median over its steps)."""
+    graphs = GRAPHED[model]
     step_of, what_ran = {}, {}
     for name in settings:
         step_of[name], what_ran[name] = _first_steps(bench, model, name, graphs, warmup)
-    device_ms = {name: [] for name in settings}
-    host_ms = {name: [] for name in settings}
-    for index in range(rounds):
-        shift = index % len(settings)
-        for name in settings[shift:] + settings[:shift]:
-            gpu, host = _time_round(step_of[name], steps, cuda)
-            device_ms[name].append(round(gpu, 3))
-            host_ms[name].append(round(host, 3))
+    timed = protocol.rounds(
+        step_of, rounds=rounds, calls=steps, warmup=0, kernel_time=None, device=bench.device
+    )
     del step_of
     bench.release()
     return {
         "settings": list(settings),
-        "ms_per_step": device_ms,
-        "host_ms_per_step": host_ms,
+        "ms_per_step": {n: [round(v, 3) for v in timed.round_ms(n)] for n in settings},
+        "host_ms_per_step": {n: [round(v, 3) for v in timed.host[n]] for n in settings},
         "what_ran": what_ran,
     }
 
@@ -177,17 +154,22 @@ def measure(bench: Bench, models=MODELS, rounds=None, steps=None, warmup=5, log=
 
 def ratio(record: dict, model: str, setting: str, baseline: str = ANCHOR) -> dict | None:
     """How many times faster ``setting`` ran than ``baseline`` (time of ``baseline`` over time of
-    ``setting``), per round, from the first group of ``model`` that holds both: ``{"median",
-    "low", "high", "rounds"}``, or None where no group holds both."""
+    ``setting``, round by round), from the first group of ``model`` that holds both, judged by
+    the protocol (:meth:`fp8lab.protocol.Rounds.compare`): ``{"median"`` (of the per-round
+    ratios), ``"estimate"``, ``"low"``, ``"high"`` (its 95% interval), ``"rounds"``,
+    ``"verdict"}``, or None where no group holds both."""
     for group in record["models"][model]["groups"]:
         times = group["ms_per_step"]
         if setting in times and baseline in times:
-            per_round = np.array(times[baseline]) / np.array(times[setting])
+            per_round = {n: [[ms] for ms in times[n]] for n in (setting, baseline)}
+            found = protocol.Rounds.from_times(per_round).compare(setting, baseline)
             return {
-                "median": float(np.median(per_round)),
-                "low": float(per_round.min()),
-                "high": float(per_round.max()),
-                "rounds": len(per_round),
+                "median": statistics.median(found.ratios),
+                "estimate": found.estimate,
+                "low": found.low,
+                "high": found.high,
+                "rounds": len(found.ratios),
+                "verdict": found.verdict,
             }
     return None
 
@@ -230,14 +212,14 @@ def measure_and_write(bench: Bench, models, out, rounds=None, steps=None, log=pr
 
 
 def summary(record: dict, models) -> list[str]:
-    """One line per measured setting: its median ratio to TE BF16 and the range over rounds."""
+    """One line per measured setting: its ratio to TE BF16, the interval and the verdict."""
     lines = []
     for model in models:
         for name in SETTINGS:
             found = ratio(record, model, name)
             if found and name != ANCHOR:
                 lines.append(
-                    f"{model} {name}: {found['median']:.3f}x TE BF16 "
-                    f"({found['low']:.3f}-{found['high']:.3f})"
+                    f"{model} {name}: {found['estimate']:.3f}x TE BF16 "
+                    f"({found['low']:.3f}-{found['high']:.3f}, {found['verdict']})"
                 )
     return lines

@@ -3,11 +3,10 @@
 A setting and TE BF16 trained on the same seed saw the same batches in the same order from the
 same weights, so their difference in validation loss holds the precision's effect and little
 of the data order's. :func:`paired_difference` takes the differences seed by seed (setting minus
-BF16), their mean and a Student-t confidence interval (``scipy.stats``), and judges the interval
-against an equivalence margin declared before the runs: inside ``(-margin, margin)`` is
-equivalent, wholly above ``margin`` worse, wholly below ``-margin`` better, anything else
-undecided (more seeds would tell). :func:`seed_band` is BF16's own spread over seeds, the scale
-a reader has in mind when judging a margin.
+BF16) and judges them by the book's protocol (:func:`fp8lab.protocol.paired_summary`: the mean,
+its Student-t interval, and the verdict against a margin declared before the runs, which needs
+five seeds). :func:`seed_band` is BF16's own spread over seeds, the scale a reader has in mind
+when judging a margin.
 """
 
 from __future__ import annotations
@@ -15,9 +14,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats as scipy_stats
 
-from fp8lab import checks
+from fp8lab import checks, protocol
 
 
 def validation_at(record: dict, step: int) -> float | None:
@@ -36,42 +34,25 @@ def _by_seed(name: str, values) -> dict[int, float]:
 
 
 def paired_difference(setting, baseline, margin: float, confidence: float = 0.95) -> dict:
-    """``setting`` minus ``baseline`` over the seeds both have (each a ``{seed: loss}``):
-    ``{"seeds", "differences", "mean", "low", "high", "margin", "confidence", "verdict"}``;
-    the interval is None with fewer than two seeds."""
+    """``setting`` minus ``baseline`` over the seeds both have (each a ``{seed: loss}``; a run
+    without a finite loss is left out): ``{"seeds", "differences", "mean", "low", "high",
+    "margin", "confidence", "verdict"}``; ``mean`` is None without a pair, the interval None
+    with fewer than two."""
     setting, baseline = _by_seed("setting", setting), _by_seed("baseline", baseline)
     margin = checks.number("margin", margin, positive=True)
     confidence = checks.number("confidence", confidence, positive=True, maximum=0.999)
     seeds = sorted(set(setting) & set(baseline))
-    differences = np.array([setting[s] - baseline[s] for s in seeds])
-    result = {"seeds": seeds, "differences": differences.tolist(), "margin": margin}
-    result.update(confidence=confidence, mean=None, low=None, high=None, verdict="no pairs")
-    if len(seeds) == 0:
-        return result
-    result["mean"] = float(differences.mean())
-    if len(seeds) < 2:
-        result["verdict"] = "undecided (one pair)"
-        return result
-    spread = scipy_stats.sem(differences)
-    if spread == 0:
-        low = high = result["mean"]
-    else:
-        low, high = scipy_stats.t.interval(
-            confidence, len(seeds) - 1, loc=result["mean"], scale=spread
+    result = {"seeds": seeds, "differences": [setting[s] - baseline[s] for s in seeds]}
+    result.update(margin=margin, confidence=confidence, mean=None, low=None, high=None)
+    result["verdict"] = protocol.NOT_RESOLVED
+    if seeds:
+        found = protocol.paired_summary(
+            setting, baseline, margin=margin, names=("setting", "baseline"), confidence=confidence
         )
-    result.update(low=float(low), high=float(high), verdict=verdict(low, high, margin))
+        result.update({k: found[k] for k in ("mean", "verdict")})
+        if len(seeds) > 1:
+            result.update(low=found["low"], high=found["high"])
     return result
-
-
-def verdict(low: float, high: float, margin: float) -> str:
-    """The word for an interval ``[low, high]`` against ``(-margin, margin)``."""
-    if -margin < low and high < margin:
-        return "equivalent"
-    if low > margin:
-        return "worse"
-    if high < -margin:
-        return "better"
-    return "undecided"
 
 
 def seed_band(values) -> dict:

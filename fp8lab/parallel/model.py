@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fp8lab import checks
+from fp8lab import checks, recipes
 from fp8lab.config import TransformerConfig
 from fp8lab.parallel.process import Context
 
@@ -30,7 +30,7 @@ def dtype_of(ctx: Context) -> torch.dtype:
 
 def fp8_recipe(ctx: Context, **changes):
     """The chapter's FP8 recipe: delayed scaling, TE's default on Hopper."""
-    return ctx.recipes.DelayedScaling(**changes)
+    return recipes.make(ctx.recipes, "delayed", **changes)
 
 
 def build_model(

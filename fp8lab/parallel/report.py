@@ -1,6 +1,7 @@
 """How chapter 08 reads the worker's results: efficiencies over alternating rounds with their
-intervals, verdicts taken from whether an interval clears a threshold, and what an older result
-file lacks (so that the page says so instead of failing).
+intervals, verdicts taken from whether an interval clears a threshold (all through
+:mod:`fp8lab.protocol`), and what an older result file lacks (so that the page says so instead
+of failing).
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-from scipy import stats
+
+from fp8lab import checks, protocol
 
 # what each task's rows carry since the worker measured them (absent from older result files)
 NEW_FIELDS = {
@@ -36,40 +38,26 @@ def missing_fields(run) -> list[str]:
     return missing
 
 
-def mean_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
-    """Mean of ``values`` and its Student-t interval (NaN bounds with fewer than two values)."""
-    values = [float(v) for v in values if not math.isnan(float(v))]
-    if not values:
-        return math.nan, math.nan, math.nan
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, math.nan, math.nan
-    error = stats.sem(values)
-    if error == 0:
-        return mean, mean, mean
-    low, high = stats.t.interval(confidence, len(values) - 1, loc=mean, scale=error)
-    return mean, float(low), float(high)
-
-
 def round_efficiency(rows: list[dict], confidence: float = 0.95) -> pd.DataFrame:
     """Per precision and variant of the ``rounds`` task: the median step over rounds (ms), the
     scaling efficiency (one GPU's step over the variant's, round by round: both sides measured
-    minutes apart at most) as a mean with its interval, and the memory held between steps."""
+    minutes apart at most) with its interval (:func:`fp8lab.protocol.ratio_interval`), and the
+    memory held between steps."""
     good = [r for r in rows if "round_ms" in r and not r.get("error")]
     base = {r["precision"]: r["round_ms"] for r in good if r["variant"] == "1 GPU"}
     table = []
     for row in good:
         one = base.get(row["precision"])
         ratios = [a / b for a, b in zip(one, row["round_ms"], strict=True)] if one else []
-        mean, low, high = mean_interval(ratios, confidence)
+        found = protocol.ratio_interval(ratios, confidence) if ratios else (math.nan,) * 3
         table.append(
             {
                 "precision": row["precision"],
                 "variant": row["variant"],
                 "step (ms)": float(pd.Series(row["round_ms"]).median()),
-                "efficiency": mean,
-                "low": low,
-                "high": high,
+                "efficiency": found[0],
+                "low": found[1],
+                "high": found[2],
                 "rounds": len(row["round_ms"]),
                 "state (MiB/GPU)": row.get("state_mib", math.nan),
             }
@@ -79,32 +67,27 @@ def round_efficiency(rows: list[dict], confidence: float = 0.95) -> pd.DataFrame
 
 
 def against(low: float, high: float, threshold: float) -> str:
-    """Where an interval lies against a threshold: ``"above"``, ``"below"`` or ``"not
-    distinguishable from"`` (the interval holds it, or there is no interval)."""
+    """Where an interval lies against a threshold, by the protocol's verdict on the ratio to it
+    (:func:`fp8lab.protocol.speed_verdict`, against the session floor): ``"above"``,
+    ``"below"`` or ``"not distinguishable from"`` (tied, not resolved, or no interval)."""
+    threshold = checks.number("threshold", threshold, positive=True)
     if math.isnan(low) or math.isnan(high):
         return "not distinguishable from"
-    if low > threshold:
-        return "above"
-    if high < threshold:
-        return "below"
-    return "not distinguishable from"
+    low = checks.number("low", low, positive=True) / threshold
+    high = checks.number("high", high, positive=True) / threshold
+    # the geometric midpoint is the estimate of a ratio's interval (symmetric on a log scale)
+    floor = protocol.floor_for("host").relative  # the widest: the regime is not known here
+    word = protocol.speed_verdict(math.sqrt(low * high), low, high, floor)
+    return {protocol.FASTER: "above", protocol.SLOWER: "below"}.get(
+        word, "not distinguishable from"
+    )
 
 
 def ratio_interval(numerator, denominator, confidence: float = 0.95) -> tuple[float, float]:
-    """A bootstrap interval (percentile, 2000 resamples, fixed seed) of the ratio of the median
-    of ``numerator`` over that of ``denominator``: two independent samples of step times."""
+    """``(low, high)`` of the ratio of two samples of step times measured apart
+    (:func:`fp8lab.protocol.unpaired_ratio_interval`); NaN with fewer than two on a side."""
     a = [float(v) for v in numerator or []]
     b = [float(v) for v in denominator or []]
     if len(a) < 2 or len(b) < 2:
         return math.nan, math.nan
-    result = stats.bootstrap(
-        (a, b),
-        lambda x, y: float(pd.Series(x).median() / pd.Series(y).median()),
-        vectorized=False,
-        paired=False,
-        n_resamples=2000,
-        confidence_level=confidence,
-        method="percentile",
-        random_state=0,
-    )
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+    return protocol.unpaired_ratio_interval(a, b, confidence)[1:]

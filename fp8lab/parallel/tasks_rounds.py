@@ -1,6 +1,8 @@
-"""The fair comparison of the data-parallel layouts: every variant built once, then timed in
-alternating rounds, so that a clock or a neighbour that drifts during the run weighs on every
-variant alike and the rounds give an interval, not one number.
+"""The fair comparison of the data-parallel layouts: every variant built once, then timed by the
+book's protocol (:func:`fp8lab.protocol.rounds`, the order reversed every other round, a barrier
+before each variant), so that a clock or a neighbour that drifts during the run weighs on every
+variant alike and the rounds give an interval, not one number; each round keeps the slowest
+rank's median.
 
 Variants (each at the same work per GPU, B sequences of S tokens): ``1 GPU`` (every rank trains
 its own whole model, no communication: the baseline, run on all GPUs at once so that they share
@@ -15,8 +17,9 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from fp8lab import protocol
 from fp8lab.parallel.layouts import ddp, fsdp_model, zero1_optimizer
-from fp8lab.parallel.measure import MiB, memory_base, timed
+from fp8lab.parallel.measure import MiB, memory_base
 from fp8lab.parallel.model import (
     autocast_args,
     batch_data,
@@ -55,7 +58,7 @@ def _build(ctx: Context, args: dict, variant: str, precision: str):
 
 
 def _rounds(ctx: Context, args: dict, precision: str) -> list[dict]:
-    """Build every variant of one precision, then time them in alternating rounds."""
+    """Build every variant of one precision, then time them in rounds."""
     steps, rows, errors, state = {}, [], {}, {}
     for variant in args.get("variants", VARIANTS):
         base = memory_base(ctx)
@@ -69,18 +72,18 @@ def _rounds(ctx: Context, args: dict, precision: str) -> list[dict]:
     everyone = ctx.gather(sorted(errors.items()))
     failed = {name: error for rank_errors in everyone for name, error in rank_errors}
     steps = {name: step for name, step in steps.items() if name not in failed}
-    timings = {name: [] for name in steps}
-    for _ in range(int(args.get("rounds", 5))):
-        for name, step in steps.items():
-            ctx.barrier()
-            timings[name].append(timed(ctx, step, args, 0)["step_ms"])
+    timing = {"rounds": int(args.get("rounds", 5)), "calls": int(args.get("iters", 20))}
+    timing.update(warmup=int(args.get("warmup", 5)), kernel_time=None, device=ctx.device)
+    # the same order on every rank, and a barrier before each variant's calls
+    timed = protocol.rounds(steps, before_each=ctx.barrier, **timing) if steps else None
     for name in args.get("variants", VARIANTS):
         row = {"variant": name, "precision": precision, "n": ctx.world}
         row.update(batch=int(args["batch"]), seq=int(args["seq"]))
         if name in failed:
             rows.append({**row, "error": failed[name]})
             continue
-        slowest = [max(values) for values in zip(*ctx.gather(timings[name]), strict=True)]
+        per_rank = ctx.gather(list(timed.round_ms(name)))
+        slowest = [max(values) for values in zip(*per_rank, strict=True)]
         state_mib = max(ctx.gather(state.get(name, 0.0)))
         rows.append({**row, "round_ms": slowest, "state_mib": state_mib})
     return rows

@@ -24,7 +24,12 @@ flipped.
 """
 
 from fp8lab.protocol.floor import FLOORS, HOST_BOUND_IDLE, Floor, floor_for
-from fp8lab.protocol.intervals import detectable_difference, mean_interval, ratio_interval
+from fp8lab.protocol.intervals import (
+    detectable_difference,
+    mean_interval,
+    ratio_interval,
+    unpaired_ratio_interval,
+)
 from fp8lab.protocol.rounds import Rounds, rounds
 from fp8lab.protocol.verdicts import (
     FASTER,
@@ -34,6 +39,7 @@ from fp8lab.protocol.verdicts import (
     Comparison,
     Paired,
     paired,
+    paired_summary,
     speed_verdict,
 )
 
@@ -52,7 +58,9 @@ __all__ = [
     "floor_for",
     "mean_interval",
     "paired",
+    "paired_summary",
     "ratio_interval",
     "rounds",
     "speed_verdict",
+    "unpaired_ratio_interval",
 ]

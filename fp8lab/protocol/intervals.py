@@ -4,6 +4,8 @@
 * :func:`ratio_interval` -- a ratio measured once per round: the geometric mean of the rounds'
   ratios and the t-interval of their logarithms, mapped back (a ratio of times is symmetric on
   a log scale: 2x faster and 2x slower are equally far from 1);
+* :func:`unpaired_ratio_interval` -- the ratio of two samples measured apart, not in rounds
+  (Welch's t-interval of the difference of their mean logs, mapped back);
 * :func:`detectable_difference` -- the smallest true mean difference a paired design of ``n``
   pairs detects with the given power (two-sided test at ``1 - confidence``).
 """
@@ -11,13 +13,14 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 from scipy import stats
 
 from fp8lab import checks
 
-__all__ = ["detectable_difference", "mean_interval", "ratio_interval"]
+__all__ = ["detectable_difference", "mean_interval", "ratio_interval", "unpaired_ratio_interval"]
 
 
 def _confidence(confidence) -> float:
@@ -47,14 +50,40 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95):
     return mean, mean - float(half), mean + float(half)
 
 
+def _logs(name: str, values) -> list[float]:
+    values = _values(name, values)
+    if any(v <= 0 for v in values):
+        raise ValueError(f"{name}={checks.show(values)}: must all be > 0")
+    return [math.log(v) for v in values]
+
+
 def ratio_interval(ratios: Sequence[float], confidence: float = 0.95):
     """``(estimate, low, high)`` of ratios measured once per round: the geometric mean and the
     t-interval of the logs, exponentiated (NaN bounds with one round)."""
-    ratios = _values("ratios", ratios)
-    if any(r <= 0 for r in ratios):
-        raise ValueError(f"ratios={checks.show(ratios)}: must all be > 0")
-    mean, low, high = mean_interval([math.log(r) for r in ratios], confidence)
+    mean, low, high = mean_interval(_logs("ratios", ratios), confidence)
     return math.exp(mean), math.exp(low), math.exp(high)
+
+
+def unpaired_ratio_interval(
+    numerator: Sequence[float], denominator: Sequence[float], confidence: float = 0.95
+):
+    """``(estimate, low, high)`` of the ratio of two samples' geometric means, measured apart:
+    Welch's t-interval of their mean logs' difference, exponentiated (NaN bounds with fewer
+    than two values a side). Steps of one run are not independent: the interval is too narrow;
+    prefer rounds."""
+    a, b = _logs("numerator", numerator), _logs("denominator", denominator)
+    confidence = _confidence(confidence)
+    if not a or not b:
+        raise ValueError("numerator and denominator: give at least one value each")
+    difference = math.fsum(a) / len(a) - math.fsum(b) / len(b)
+    if len(a) < 2 or len(b) < 2:
+        return math.exp(difference), math.nan, math.nan
+    va, vb = (statistics.variance(x) / len(x) for x in (a, b))
+    if va + vb == 0:
+        return (math.exp(difference),) * 3
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, df)) * math.sqrt(va + vb)
+    return math.exp(difference), math.exp(difference - half), math.exp(difference + half)
 
 
 def detectable_difference(

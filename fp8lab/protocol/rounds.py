@@ -51,13 +51,15 @@ class Rounds:
     """``times[name][r]``: the call times (ms) of alternative ``name`` in round ``r``;
     ``kernel[name]``: its kernels' busy time per call (ms) and ``idle[name]`` the profile's idle
     share, one value per profiled round (one in all with ``kernel_time="once"``; absent where
-    not measured); ``cuda``: timed on a GPU."""
+    not measured); ``cuda``: timed on a GPU; ``host[name][r]``: the host's time per call to
+    issue round ``r``'s calls, before it waited (:class:`fp8lab.speedometer.CallTimes`)."""
 
     times: Mapping[str, tuple[tuple[float, ...], ...]]
     kernel: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     idle: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     cuda: bool = True
     orders: tuple[tuple[str, ...], ...] = ()
+    host: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
     @classmethod
     def from_times(cls, times: Mapping, cuda: bool = True):
@@ -125,6 +127,8 @@ class Rounds:
         else:
             a, b = self.round_ms(first), self.round_ms(second)
             regime = self.regime(first, second)
+        if min(*a, *b) <= 0:
+            raise ValueError(f"times of {first!r} and {second!r}: a ratio needs times above 0 ms")
         ratios = tuple(y / x for x, y in zip(a, b, strict=True))
         return Comparison(first, second, ratios, basis, regime, floor_for(regime))
 
@@ -204,8 +208,8 @@ def rounds(
     calls each, after ``warmup`` calls of each and ``warmup_s`` seconds of all in turn; the
     order reversed every other round (``order="reverse"``) or shuffled (``"shuffle"``, seeded).
     ``kernel_time``: profile ``calls`` more calls of each alternative once after the rounds
-    (``"once"``), in every round (``"rounds"``) or not at all (``None``); GPU only. ``before_each`` runs before each
-    alternative's calls (a barrier, in a process group)."""
+    (``"once"``), in every round (``"rounds"``) or not at all (``None``); GPU only.
+    ``before_each`` runs before each alternative's calls (a barrier, in a process group)."""
     import torch
 
     from fp8lab.devices import resolve_device
@@ -230,7 +234,7 @@ def _timed(steps, rounds, calls, order, kernel_time, before_each, device, rng) -
     from fp8lab.speedometer import time_calls
 
     names = list(steps)
-    times = {name: [] for name in names}
+    times, host = {name: [] for name in names}, {name: [] for name in names}
     kernel, idle = {name: [] for name in names}, {name: [] for name in names}
     orders = []
 
@@ -245,7 +249,9 @@ def _timed(steps, rounds, calls, order, kernel_time, before_each, device, rng) -
         for name in sequence:
             if before_each is not None:
                 before_each()
-            times[name].append(time_calls(steps[name], calls, device))
+            measured = time_calls(steps[name], calls, device)
+            times[name].append(tuple(measured))
+            host[name].append(measured.host_ms)
             if kernel_time == "rounds":
                 profiled(name, calls)
     if kernel_time == "once":
@@ -257,4 +263,5 @@ def _timed(steps, rounds, calls, order, kernel_time, before_each, device, rng) -
         {n: tuple(v) for n, v in idle.items() if v},
         device.type == "cuda",
         tuple(orders),
+        {n: tuple(v) for n, v in host.items()},
     )

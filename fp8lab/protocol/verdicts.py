@@ -4,7 +4,8 @@
   word :func:`speed_verdict` gives it against the session floor;
 * :class:`Paired` (from :func:`paired`) -- an accuracy difference paired over seeds: its
   interval against a margin declared before the runs, and the smallest difference the design
-  could detect.
+  could detect; :func:`paired_summary`, the same as a table row, which a run of fewer seeds
+  (a smoke run) still gives, without a verdict.
 
 Both give a ``record()`` (a plain dict) that the glue of the prose keeps, so that a re-run in a
 second GPU session can say which verdict flipped.
@@ -20,9 +21,11 @@ from fp8lab import checks
 from fp8lab.protocol.floor import Floor
 from fp8lab.protocol.intervals import detectable_difference, mean_interval, ratio_interval
 
-__all__ = ["FASTER", "NOT_RESOLVED", "SLOWER", "TIED", "Comparison", "Paired", "paired"]
+__all__ = ["FASTER", "NOT_RESOLVED", "SLOWER", "TIED", "Comparison", "Paired", "paired",
+           "paired_summary"]
 
 FASTER, SLOWER, TIED, NOT_RESOLVED = "faster", "slower", "tied", "not resolved"
+MIN_SEEDS = 5  # the protocol's least number of paired seeds for an accuracy verdict
 WITHIN, WORSE, BETTER, IDENTICAL = (
     "within the margin",
     "worse beyond the margin",
@@ -44,8 +47,8 @@ def speed_verdict(estimate: float, low: float, high: float, floor: float) -> str
     ``floor``: ``faster``/``slower`` when the interval excludes 1 and the estimate lies beyond
     the floor; ``tied`` when the whole interval lies inside the floor; else ``not resolved``."""
     estimate = checks.number("estimate", estimate, positive=True)
-    if not floor >= 0:
-        raise ValueError(f"floor={floor!r}: must be a relative floor >= 0")
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not floor >= 0:
+        raise ValueError(f"floor={floor!r}: must be a relative floor >= 0 (inf: none measured)")
     if math.isnan(low) or math.isnan(high) or math.isinf(floor):  # inf: no floor measured
         return NOT_RESOLVED
     if low > 1 and estimate > 1 + floor:
@@ -154,6 +157,11 @@ class Paired:
     confidence: float = 0.95
     power: float = 0.8
 
+    def __post_init__(self):
+        checks.number("margin", self.margin, positive=True)
+        if len(self.differences) != len(self.seeds) or len(self.seeds) < 2:
+            raise ValueError("differences: need one per seed, and at least two seeds")
+
     @property
     def interval(self) -> tuple[float, float, float]:
         return mean_interval(list(self.differences), self.confidence)
@@ -233,7 +241,7 @@ def paired(
     names: Sequence[str] = ("treated", "baseline"),
     confidence: float = 0.95,
     power: float = 0.8,
-    min_seeds: int = 5,
+    min_seeds: int = MIN_SEEDS,
 ) -> Paired:
     """``treated[s] - baseline[s]`` over the seeds both have (each a ``{seed: value}``, same
     initial weights and batches for one seed on both sides), against ``margin`` (> 0, declared
@@ -255,3 +263,22 @@ def paired(
     confidence = checks.number("confidence", confidence, positive=True, maximum=0.999)
     power = checks.number("power", power, positive=True, maximum=0.999)
     return Paired(names[0], names[1], seeds, differences, margin, confidence, power)
+
+
+def paired_summary(treated, baseline, *, margin, names=("treated", "baseline"),
+                   confidence: float = 0.95) -> dict:
+    """:func:`paired` as a table row: ``seeds`` (how many pairs), ``mean``, ``low``, ``high``
+    and ``verdict``; with fewer than :data:`MIN_SEEDS` shared seeds (a smoke run) the mean and
+    its interval still (NaN bounds with one pair), and the verdict "not resolved"."""
+    treated, baseline = _by_seed("treated", treated), _by_seed("baseline", baseline)
+    seeds = sorted(set(treated) & set(baseline))
+    if len(seeds) >= MIN_SEEDS:
+        found = paired(treated, baseline, margin=margin, names=names, confidence=confidence)
+        mean, low, high, verdict = found.mean, found.low, found.high, found.verdict
+    else:
+        checks.number("margin", margin, positive=True)
+        if not seeds:
+            raise ValueError("treated and baseline share no seed")
+        mean, low, high = mean_interval([treated[s] - baseline[s] for s in seeds], confidence)
+        verdict = NOT_RESOLVED
+    return {"seeds": len(seeds), "mean": mean, "low": low, "high": high, "verdict": verdict}

@@ -11,20 +11,23 @@ dropped.
 FP8 weights (a model built under ``te.quantized_model_init``) need an optimizer with FP32
 master weights, such as ``te.optimizers.FusedAdam(params, master_weights=True)``: it updates the
 master copy and writes the FP8 weight back, and that cast is timed as part of the step. The
-step records its time on the device and its peak memory (:class:`~fp8lab.training.clock.StepClock`).
+step records its time on the device (the book's one clock, :class:`fp8lab.speedometer.Clock`,
+with a mark at the hand-over to the optimizer) and its peak memory; :func:`time_step` repeats
+it into a :class:`fp8lab.speedometer.Timing`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from fp8lab import checks
+from fp8lab.speedometer import Clock, Timing
 from fp8lab.training import accumulation as grads_of
-from fp8lab.training.clock import StepClock
 from fp8lab.training.loss import lm_loss
 from fp8lab.training.state import (
     StepOptions,
@@ -45,10 +48,15 @@ class _Setup:
     loss_fn: Callable
     te: object
     fp8_recipe: object
+    measure_peak: bool
 
     @property
     def device(self) -> torch.device:
         return self.params[0].device
+
+    def peak(self) -> int | None:
+        """CUDA's peak allocation since :func:`_prepare` reset it (None when not measured)."""
+        return int(torch.cuda.max_memory_allocated(self.device)) if self.measure_peak else None
 
     @contextlib.contextmanager
     def autocast(self):
@@ -70,7 +78,7 @@ class _Setup:
         return loss
 
 
-def _prepare(model, micro_batches, optimizer, te, fp8_recipe, options, loss_fn) -> _Setup:
+def _prepare(model, micro_batches, optimizer, te, fp8_recipe, options, loss_fn, peak) -> _Setup:
     check_model_and_optimizer(model, optimizer, optional=True)
     micro_batches = grads_of.check_micro_batches(micro_batches)
     options = StepOptions() if options is None else options
@@ -84,7 +92,10 @@ def _prepare(model, micro_batches, optimizer, te, fp8_recipe, options, loss_fn) 
     if not params:
         raise ValueError("model has no parameter that requires a gradient")
     grads_of.check_accumulation(model, options.grad_accumulation)
-    return _Setup(micro_batches, params, options, loss_fn, te, fp8_recipe)
+    peak = checks.flag("measure_peak", peak) and params[0].device.type == "cuda"
+    if peak:
+        torch.cuda.reset_peak_memory_stats(params[0].device)
+    return _Setup(micro_batches, params, options, loss_fn, te, fp8_recipe, peak)
 
 
 def train_step(
@@ -114,10 +125,11 @@ def train_step(
         result = train_step(model, [(x0, y0), (x1, y1)], optimizer, te=te,
                             fp8_recipe=recipe.DelayedScaling(), options=options)
     """
-    step = _prepare(model, micro_batches, optimizer, te, fp8_recipe, options, loss_fn)
+    step = _prepare(model, micro_batches, optimizer, te, fp8_recipe, options, loss_fn,
+                    measure_peak)
     params, options, count = step.params, step.options, len(step.micro_batches)
     mode = options.grad_accumulation
-    clock = StepClock(step.device, checks.flag("measure_peak", measure_peak))
+    clock = Clock(step.device)
     grads_of.zero_gradients(params, mode)
     total = torch.zeros((), dtype=torch.float32, device=step.device)
     with grads_of.first_microbatch_flag(model, options.cache_fp8_weights) as set_first:
@@ -131,16 +143,61 @@ def train_step(
             grads_of.after_backward(params, mode)
     grads = grads_of.gradients_for_optimizer(params, optimizer, mode)
     grad_norm = grads_of.clip_gradients(grads, options.max_grad_norm)
-    clock.optimizer_starts()
+    clock.mark()  # the hand-over to the optimizer
     if optimizer is not None:
         optimizer.step()
         grads_of.after_optimizer_step(params, options.refresh_fp8_weights)
-    step_ms, optimizer_ms, peak = clock.stop()
+    clock.mark()
+    before_ms, optimizer_ms = clock.read()
     return StepResult(
         loss=float(total.item()) / count,
         micro_batches=count,
-        step_ms=step_ms,
+        step_ms=before_ms + optimizer_ms,
         optimizer_ms=optimizer_ms if optimizer is not None else 0.0,
-        peak_memory_bytes=peak,
+        peak_memory_bytes=step.peak(),
         grad_norm=None if grad_norm is None else float(grad_norm.item()),
+    )
+
+
+def time_step(
+    model: torch.nn.Module,
+    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    optimizer: torch.optim.Optimizer,
+    *,
+    te=None,
+    fp8_recipe=None,
+    options: StepOptions | None = None,
+    loss_fn=None,
+    warmup: int = 3,
+    iters: int = 10,
+    label: str = "step",
+) -> Timing:
+    """Repeat :func:`train_step` on the same micro-batches; return a
+    :class:`fp8lab.speedometer.Timing` of the step times (median, spread), with the peak memory
+    over the timed steps and, in ``extra``, the median optimizer time and the step count N.
+
+    The model trains while it is timed (the weights change every step), as it would in a run.
+    """
+    checks.integer("warmup", warmup, minimum=0)
+    checks.integer("iters", iters)
+    if not isinstance(label, str):
+        raise TypeError(f"label={label!r}: must be a string")
+    kwargs = {"te": te, "fp8_recipe": fp8_recipe, "options": options, "loss_fn": loss_fn}
+    for _ in range(warmup):
+        train_step(model, micro_batches, optimizer, **kwargs)
+    results = [train_step(model, micro_batches, optimizer, **kwargs) for _ in range(iters)]
+    peaks = [r.peak_memory_bytes for r in results if r.peak_memory_bytes is not None]
+    return Timing(
+        label=label,
+        times_ms=tuple(r.step_ms for r in results),
+        device=str(next(model.parameters()).device),
+        mode="step",
+        warmup=warmup,
+        grads_zeroed=True,
+        peak_memory_bytes=max(peaks) if peaks else None,
+        extra={
+            "optimizer_ms": statistics.median(r.optimizer_ms for r in results),
+            "micro_batches": results[0].micro_batches,
+            "loss": results[-1].loss,
+        },
     )

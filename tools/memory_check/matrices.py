@@ -168,11 +168,8 @@ FITS = (
     Config("gpt-760m", 4096, 0, "fp32-autocast", "bf16", "full"),
 )
 FITS_EXTRA_TRIES = 4  # above the prediction, how many larger micro-batches to try at most
-RECIPES = {
-    "fp8-delayed": "DelayedScaling",
-    "fp8-current": "Float8CurrentScaling",
-    "fp8-block": "Float8BlockScaling",
-}
+# The estimator's FP8 compute precisions, by their names in fp8lab.recipes.
+RECIPES = {"fp8-delayed": "delayed", "fp8-current": "current", "fp8-block": "block"}
 
 
 def toy(config: Config) -> Config:

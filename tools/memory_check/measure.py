@@ -15,7 +15,7 @@ import json
 import time
 from dataclasses import asdict
 
-from fp8lab import memory
+from fp8lab import memory, recipes
 from tools.memory_check.matrices import RECIPES, Config
 
 MiB = memory.MiB
@@ -79,8 +79,7 @@ def build(config: Config, te, fp8, device):
 
 
 def fp8_recipe(config: Config, recipe_module):
-    name = RECIPES.get(config.precision)
-    return None if name is None else getattr(recipe_module, name)()
+    return recipes.make(recipe_module, RECIPES.get(config.precision, "bf16"))
 
 
 def forward(model, tokens, recompute: str, te):
@@ -204,7 +203,7 @@ def attempt(config: Config, te, recipe_module, device) -> dict:
 def row(config: Config, te, recipe_module, device) -> dict:
     """One CSV row: the configuration, the prediction and the measurement."""
     predicted = config.predict()
-    if RECIPES.get(config.precision) == "Float8BlockScaling":
+    if RECIPES.get(config.precision) == "block":
         available, reason = te.is_fp8_block_scaling_available(return_reason=True)
         if not available:
             return {**describe(config, predicted), "status": "unavailable", "error": reason}
