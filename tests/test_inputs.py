@@ -44,6 +44,7 @@ from fp8lab import (
     layers,
     models,
     profiling,
+    protocol,
     roofline,
     rotary,
     speedometer,
@@ -61,6 +62,10 @@ from tests.property_support import (  # noqa: E402
     mixed,
     reals,
     valid_only,
+)
+
+_COMPARISON = protocol.Comparison(
+    "a", "b", (1.5, 1.5), "wall", "device", protocol.Floor("device", 0.02, 3, 1)
 )
 
 
@@ -268,6 +273,29 @@ ENTRIES: dict[str, Entry] = {
             "dtype": maybe(st.sampled_from(["bf16", "fp8"])),
             "iters": maybe(ints(1, 3)),
             "warmup": maybe(ints(0, 2)),
+            "layout": maybe(st.sampled_from(ceilings.LAYOUTS)),
+            "fast_accumulation": maybe(st.booleans()),
+        },
+        aliases={
+            "layout": ["fp8"],
+            "dtype": ["fast_accumulation", "fp8", "layout"],
+            "n": ["fp8"],
+            "k": ["fp8"],
+            "fast_accumulation": ["dtype"],
+        },
+        examples=30,
+    ),
+    "ceilings.matmul_step": Entry(
+        lambda m, n, k, dtype, layout, fast_accumulation: tuple(
+            ceilings.matmul_step(
+                m, n, k, dtype, layout=layout, fast_accumulation=fast_accumulation
+            )().shape
+        ),
+        {
+            "m": maybe(ints(1, 48)),
+            "n": maybe(st.sampled_from([16, 32])),
+            "k": maybe(st.sampled_from([16, 32])),
+            "dtype": maybe(st.sampled_from(["bf16", "fp8"])),
             "layout": maybe(st.sampled_from(ceilings.LAYOUTS)),
             "fast_accumulation": maybe(st.booleans()),
         },
@@ -746,6 +774,14 @@ ENTRIES: dict[str, Entry] = {
     "book.pct": Entry(book.pct, {"value": maybe(reals(-1, 1)), "digits": maybe(ints(0, 4))}),
     "book.glue": Entry(
         lambda name: book.glue(name, 1.0), {"name": maybe(st.just("a"))}, examples=10
+    ),
+    "book.glue_verdict": Entry(
+        lambda verdict, text: book.glue_verdict("a", verdict, text),
+        {
+            "verdict": maybe(st.just(_COMPARISON)),
+            "text": maybe(st.sampled_from([None, "1.5"])),
+        },
+        examples=10,
     ),
     "book.table": Entry(
         lambda frame, formats, caption, index: len(
