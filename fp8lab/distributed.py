@@ -2,9 +2,10 @@
 
 :func:`launch` starts ``torchrun --nproc-per-node N`` on :mod:`fp8lab.parallel.worker`, one
 process per GPU -- or, on a machine without CUDA, N CPU processes on the gloo backend that run
-the same code through fp8lab's CPU reference. One launch runs a list of :class:`Task`\\ s in
-order; rank 0 writes each task's result (times, memory per rank, correctness checks) as a
-JSON file under a temporary directory, and :func:`launch` returns them as a :class:`Run`.
+the same code through fp8lab's CPU reference. One launch runs a list of tasks
+(:class:`fp8lab.parallel.jobs.Task`) in order; rank 0 writes each task's result (times, memory
+per rank, correctness checks) as a JSON file under a temporary directory, and :func:`launch`
+returns them as a :class:`Run`.
 
 One code path for any N: a task sees ``WORLD_SIZE`` and builds its process groups from it.
 
@@ -45,11 +46,10 @@ from typing import Any
 
 from fp8lab import checks
 from fp8lab.parallel import jobs
-from fp8lab.parallel.jobs import WORKER
+from fp8lab.parallel.jobs import WORKER, Task, check_lr
 
 __all__ = [
     "Run",
-    "Task",
     "TaskResult",
     "command",
     "launch",
@@ -59,9 +59,6 @@ __all__ = [
     "worker_environment",
 ]
 
-# Kinds of task the worker runs (fp8lab.parallel.worker.TASKS has one function per kind).
-KINDS = ("links", "amax", "ddp_check", "ddp", "fsdp", "tp_check", "tp", "cp_check", "cp")
-KINDS += ("timeline", "rounds", "sleep")
 MULTICAST_OFF = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -71,47 +68,6 @@ MULTICAST_OFF = {
 # Where source() looks for a function of the worker (fp8lab.parallel.*), the layouts first.
 SOURCE_MODULES = ("layouts", "model", "tasks_speed", "tasks_checks", "measure", "process")
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _check_lr(args: Mapping) -> None:
-    """What the worker would refuse only once started: a learning rate must be finite, > 0."""
-    if "lr" in args:
-        checks.number("lr", args["lr"], positive=True)
-
-
-@dataclass(frozen=True)
-class Task:
-    """One experiment of a launch: ``kind`` names the worker function, ``args`` its inputs.
-
-    ``timeout_s`` bounds the task once it has started; ``env`` is extra environment for the
-    processes (tasks with different environments run in different jobs). A learning rate in
-    ``args`` (``lr``) must be finite and positive.
-    """
-
-    name: str
-    kind: str
-    args: Mapping[str, Any] = field(default_factory=dict)
-    timeout_s: float = 300.0
-    env: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name.replace("_", "").isalnum():
-            raise ValueError(
-                f"name={self.name!r}: must be a non-empty string of letters, digits and _"
-            )
-        checks.choice("kind", self.kind, KINDS)
-        if not isinstance(self.args, Mapping):
-            raise TypeError(f"args must be a mapping, not {type(self.args).__name__}")
-        try:
-            json.dumps(dict(self.args))
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"args must be JSON-serialisable: {error}") from None
-        _check_lr(self.args)
-        checks.number("timeout_s", self.timeout_s, positive=True)
-        if not isinstance(self.env, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
-        ):
-            raise TypeError("env must be a mapping of strings to strings")
 
 
 @dataclass(frozen=True)
@@ -295,7 +251,7 @@ def _check_launch(tasks, nproc, shared, deadline_s, startup_timeout_s, keep):
         json.dumps(shared)
     except (TypeError, ValueError) as error:
         raise TypeError(f"shared must be JSON-serialisable: {error}") from None
-    _check_lr(shared)
+    check_lr(shared)
     deadline_s = checks.number("deadline_s", deadline_s, positive=True)
     startup_timeout_s = checks.number("startup_timeout_s", startup_timeout_s, positive=True)
     checks.flag("keep", keep)

@@ -9,7 +9,7 @@ from pathlib import Path
 import hypothesis.strategies as st
 
 from fp8lab import collectives, distributed
-from fp8lab.parallel import worker
+from fp8lab.parallel import jobs, worker
 from tests.property_support import TINY, Entry, ints, maybe, reals
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
@@ -109,8 +109,8 @@ ENTRIES = {
             "bus_gbs": maybe(reals(1, 1000)),
         },
     ),
-    "distributed.Task": Entry(
-        distributed.Task,
+    "parallel.jobs.Task": Entry(
+        jobs.Task,
         {
             "name": maybe(st.sampled_from(["links", "a_b", "x1"])),
             "kind": maybe(st.sampled_from(["links", "ddp", "sleep"])),

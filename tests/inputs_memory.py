@@ -105,7 +105,9 @@ ENTRIES = {
             "optimizer": maybe(st.sampled_from(memory.OPTIMIZERS)),
             "fp32_grads": maybe(st.booleans()),
             "hopper": maybe(st.booleans()),
+            "momentum": maybe(st.sampled_from([0.0, 0.9])),
         },
+        aliases={"momentum": ["optimizer"], "optimizer": ["momentum"]},
     ),
     "memory.zero_training_state": Entry(
         memory.zero_training_state,
@@ -148,6 +150,7 @@ ENTRIES = {
             "precision": maybe(st.sampled_from(["bf16", "fp8-delayed", "fp8-block"])),
             "weights": maybe(st.sampled_from([None, "bf16", "fp32-autocast", "bf16-master"])),
             "optimizer": maybe(st.sampled_from(memory.OPTIMIZERS)),
+            "momentum": maybe(st.sampled_from([0.0, 0.9])),
             "adamw_impl": maybe(st.sampled_from(memory.ADAMW_IMPLS)),
             "recompute": maybe(st.sampled_from(flops.RECOMPUTE)),
             "layout": maybe(st.sampled_from([None, memory.Layout(tp=2, sequence_parallel=True)])),
@@ -164,6 +167,7 @@ ENTRIES = {
             "seq": ["sequence parallelism"],
             "precision": ["weights"],
             "weights": ["precision"],
+            "optimizer": ["momentum"],
         },
     ),
     "memory.fits": Entry(

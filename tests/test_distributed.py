@@ -24,6 +24,7 @@ from fp8lab import reference as te
 from fp8lab.config import TransformerConfig, preset_config
 from fp8lab.flops import layer_parameters
 from fp8lab.parallel import (
+    jobs,
     layouts,
     measure,
     model,
@@ -33,6 +34,7 @@ from fp8lab.parallel import (
     tasks_speed,
     worker,
 )
+from fp8lab.parallel.jobs import Task
 
 TINY = TransformerConfig(64, 256, 4, num_layers=2, name="tiny stack")
 
@@ -134,7 +136,15 @@ def test_dual_chunks_balance_causal_work():
 
 
 def test_the_launcher_knows_every_kind_of_task_the_worker_runs():
-    assert set(distributed.KINDS) == set(worker.TASKS)
+    assert set(jobs.KINDS) == set(worker.TASKS)
+
+
+def test_the_chapters_plan_sits_below_the_launcher():
+    """fp8lab.parallel.plan builds its tasks without importing fp8lab.distributed, which
+    imports the kit (no import up the tree)."""
+    code = "import sys, fp8lab.parallel.plan\nprint('fp8lab.distributed' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False"]
 
 
 def test_the_chapter_shows_the_layouts_module():
@@ -148,7 +158,7 @@ def test_the_chapter_shows_the_layouts_module():
 @pytest.mark.parametrize("lr", [math.nan, math.inf, -1e-3, 0.0])
 def test_a_learning_rate_must_be_finite_and_positive(lr):
     with pytest.raises(ValueError, match=r"lr="):
-        distributed.Task("ddp_check", "ddp_check", {"lr": lr})
+        Task("ddp_check", "ddp_check", {"lr": lr})
     with pytest.raises(ValueError, match=r"lr="):
         distributed.launch([], 2, shared={"lr": lr})
     cpu = types.SimpleNamespace(cuda=False)
@@ -205,17 +215,17 @@ def run():
         pytest.skip("runs the CPU reference on gloo; with CUDA the chapter runs TE itself")
     shared = {"model": dataclasses.asdict(TINY), "seq": 32, "batch": 2, "warmup": 1, "iters": 2}
     tasks = [
-        distributed.Task("tp_check", "tp_check", {"steps": 3}),
-        distributed.Task("ddp_check", "ddp_check", {"steps": 3}),
-        distributed.Task("amax", "amax", {"steps": 2, "calls": 3}),
-        distributed.Task("rounds", "rounds", {"rounds": 2}),
-        distributed.Task("ok", "sleep", {"seconds": 0}),
-        distributed.Task("raises", "sleep", {"raise": True}),
-        distributed.Task("after_raise", "sleep", {"seconds": 0}),
-        distributed.Task("hangs", "sleep", {"seconds": 120}, timeout_s=3),
-        distributed.Task("after_hang", "sleep", {"seconds": 0}),
-        distributed.Task("dies", "sleep", {"exit_rank": 1}),
-        distributed.Task("after_death", "sleep", {"seconds": 0}),
+        Task("tp_check", "tp_check", {"steps": 3}),
+        Task("ddp_check", "ddp_check", {"steps": 3}),
+        Task("amax", "amax", {"steps": 2, "calls": 3}),
+        Task("rounds", "rounds", {"rounds": 2}),
+        Task("ok", "sleep", {"seconds": 0}),
+        Task("raises", "sleep", {"raise": True}),
+        Task("after_raise", "sleep", {"seconds": 0}),
+        Task("hangs", "sleep", {"seconds": 120}, timeout_s=3),
+        Task("after_hang", "sleep", {"seconds": 0}),
+        Task("dies", "sleep", {"exit_rank": 1}),
+        Task("after_death", "sleep", {"seconds": 0}),
     ]
     return distributed.launch(tasks, 2, shared=shared, deadline_s=400)
 

@@ -3,7 +3,6 @@ measured on an H200, and the peaks of complete training steps measured on an H20
 
 import dataclasses
 import hashlib
-import inspect
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -21,14 +20,13 @@ from fp8lab.config import TransformerConfig, preset_config
 from fp8lab.flops import RECOMPUTE, layer_parameters, parameter_count
 from fp8lab.memory import WEIGHTS, Part
 from fp8lab.memory.sizes import step_sizes
-from fp8lab.memory.spec import StepSpec, require_seq
+from fp8lab.memory.spec import OPTIONS, StepSpec, require_seq, step_spec
 from fp8lab.memory.timeline import simulate
 from fp8lab.memory.tree import build_tree
 from tools.memory_check import FITS, MATRICES, MODELS, Config, stamp_path, summarise
 
 RESULTS = Path(__file__).parent / "gpu_results"
 MiB = memory.MiB
-_EMPTY = inspect.Parameter.empty
 
 
 # --- published accounting ------------------------------------------------------------------------
@@ -39,7 +37,8 @@ def test_mixed_precision_adamw_is_16_to_18_bytes_per_parameter():
     assert sum(memory.bytes_per_parameter("bf16").values()) == 16
     assert sum(memory.bytes_per_parameter("bf16", fp32_grads=True).values()) == 18
     assert sum(memory.bytes_per_parameter("fp32").values()) == 16
-    assert sum(memory.bytes_per_parameter("bf16", optimizer="sgd").values()) == 12
+    assert sum(memory.bytes_per_parameter("bf16", optimizer="sgd").values()) == 8  # no momentum
+    assert sum(memory.bytes_per_parameter("bf16", optimizer="sgd", momentum=0.9).values()) == 12
     assert memory.bytes_per_parameter("fp8-weights")[Part.PARAMETERS] == 2  # data + transpose
     assert memory.bytes_per_parameter("fp8-weights", hopper=False)[Part.PARAMETERS] == 1
 
@@ -327,13 +326,19 @@ def test_a_step_spec_resolves_what_its_arguments_imply():
     assert StepSpec(spec.cfg, 1, 8, include_optimizer=False).optimizer_used == "none"
 
 
-def test_a_step_spec_takes_exactly_the_arguments_of_estimate():
-    parameters = inspect.signature(memory.estimate).parameters
-    fields = [f for f in dataclasses.fields(StepSpec) if f.init]
-    assert [f.name for f in fields] == list(parameters)
-    for f in fields:
-        default = parameters[f.name].default
-        assert f.default == default or (f.default is dataclasses.MISSING and default is _EMPTY)
+def test_the_options_of_an_estimate_are_the_fields_of_a_step_spec():
+    """Written once: every field of StepSpec after (cfg, batch, seq) is an option of estimate,
+    with StepSpec's default; any other name is refused, named."""
+    fields = [f.name for f in dataclasses.fields(StepSpec) if f.init]
+    assert list(OPTIONS) == fields[3:]
+    cfg = preset_config("gpt2-small")
+    defaults = {f.name: f.default for f in dataclasses.fields(StepSpec) if f.name in OPTIONS}
+    default_tree = memory.estimate(cfg, 1, 128).tree
+    assert memory.estimate(cfg, 1, 128, **defaults).tree.total == default_tree.total
+    with pytest.raises(TypeError, match=r"precison='bf16': no such option.*precision"):
+        memory.estimate(cfg, 1, 128, precison="bf16")
+    with pytest.raises(TypeError, match="options"):
+        step_spec(cfg, 1, 128, ["precision"])
 
 
 @pytest.mark.parametrize("recompute", RECOMPUTE)
@@ -473,6 +478,48 @@ def test_embeddings_head_logits_and_loss_against_pytorch(weights, autocast, tied
     assert forward_live + backward_peak == pytest.approx(
         live + logits[Part.LOSS_GRADIENTS].total, rel=0.01
     )
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+@pytest.mark.parametrize("weights", ["fp32", "bf16"])
+def test_sgd_keeps_a_momentum_buffer_only_with_momentum(momentum, weights):
+    """torch.optim.SGD's state after a step, counted on a CPU: its default (momentum=0) keeps
+    nothing per parameter, momentum > 0 one buffer of each parameter's size and dtype. The
+    estimate's optimizer states are the bytes that state holds."""
+    from fp8lab.models import GPT
+
+    cfg = TransformerConfig(64, 256, 4, num_layers=2, vocab_size=512, max_seq_len=64)
+    dtype = torch.float32 if weights == "fp32" else torch.bfloat16
+    model = GPT(cfg, params_dtype=dtype)
+    for parameter in model.parameters():
+        parameter.grad = torch.randn_like(parameter)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    optimizer.step()
+    kept = sum(
+        value.nbytes
+        for state in optimizer.state_dict()["state"].values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    )
+    assert (kept > 0) == (momentum > 0)
+    precision = "fp32" if weights == "fp32" else "bf16"
+    est = memory.estimate(
+        cfg, 1, 64, precision=precision, weights=weights, optimizer="sgd", momentum=momentum
+    )
+    parts = {part.name: part.total for part in est.tree["training state"].children}
+    assert parts.get(Part.OPTIMIZER_STATES, 0.0) == kept  # a part of 0 bytes is left out
+
+
+def test_only_sgd_takes_a_momentum():
+    cfg = preset_config("gpt2-small")
+    for call in (
+        lambda: memory.estimate(cfg, 1, 128, momentum=0.9),
+        lambda: memory.bytes_per_parameter("bf16", momentum=0.9),
+    ):
+        with pytest.raises(ValueError, match="momentum=0.9: only optimizer='sgd'"):
+            call()
+    with pytest.raises(ValueError, match="momentum=-0.5"):
+        memory.estimate(cfg, 1, 128, optimizer="sgd", momentum=-0.5)
 
 
 @pytest.mark.parametrize("impl", memory.ADAMW_IMPLS)

@@ -1,8 +1,9 @@
 """The estimate of one training step's memory: :func:`estimate` and :class:`MemoryEstimate`.
 
-:func:`estimate` checks its inputs once (:class:`~fp8lab.memory.spec.StepSpec`), sizes every
-part once (:func:`~fp8lab.memory.sizes.step_sizes`), and hands those sizes to the breakdown tree
-and the simulated timeline, whose largest total is the predicted peak.
+:func:`estimate` checks its inputs once (:class:`~fp8lab.memory.spec.StepSpec`, whose fields
+are its options, written once), sizes every part once (:func:`~fp8lab.memory.sizes.step_sizes`),
+and hands those sizes to the breakdown tree and the simulated timeline, whose largest total is
+the predicted peak.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from fp8lab.memory.constants import (
     GiB,
     MiB,
 )
-from fp8lab.memory.layouts import Layout
 from fp8lab.memory.sizes import step_sizes
-from fp8lab.memory.spec import StepSpec
+from fp8lab.memory.spec import StepSpec, step_spec
 from fp8lab.memory.timeline import simulate
 from fp8lab.memory.tree import MemoryNode, build_tree
 from fp8lab.parts import Part
@@ -63,50 +63,20 @@ class MemoryEstimate:
         )
 
 
-def estimate(
-    cfg: TransformerConfig,
-    batch: int,
-    seq: int,
-    *,
-    precision: str = "bf16",
-    weights: str | None = None,
-    optimizer: str = "adamw",
-    adamw_impl: str = "foreach",
-    recompute: str = "none",
-    layout: Layout | None = None,
-    accumulation: int = 1,
-    bf16_autocast: bool | None = None,
-    fp32_grads: bool = False,
-    hidden_dropout: float = 0.1,
-    flash_attention: bool = True,
-    hopper: bool = True,
-    amax_history_len: int = 1024,
-    include_optimizer: bool = True,
-) -> MemoryEstimate:
+def estimate(cfg: TransformerConfig, batch: int, seq: int, **options) -> MemoryEstimate:
     """The memory of training ``cfg`` at micro-batch ``batch`` and sequence ``seq`` (at most
-    ``cfg.max_seq_len``).
+    ``cfg.max_seq_len``), e.g. ``estimate(cfg, 4, 2048, precision="fp8-delayed")``.
 
-    ``precision``: the layers' compute (:data:`COMPUTE`, or ``"fp8-weights"``); ``weights``: the
-    parameter layout (a key of :data:`WEIGHTS`; by default BF16 parameters with FP32 master
-    weights, or FP8 ones for ``"fp8-weights"``, see :func:`resolve_precision`); ``optimizer``
-    and, for ``torch.optim.AdamW``, ``adamw_impl``; ``recompute`` through ``te.checkpoint``
-    (``"selective"``: ``checkpoint_core_attention``); ``accumulation`` micro-batches per step;
-    ``bf16_autocast``: ``torch.autocast`` around the forward (``None``: as ``train_step`` on a
-    GPU, on unless the compute is FP32).
+    ``options`` are the fields of :class:`~fp8lab.memory.spec.StepSpec` after ``seq``
+    (:data:`~fp8lab.memory.spec.OPTIONS`; their meanings and defaults are written there once):
+    ``precision``, ``weights``, ``optimizer``, ``momentum``, ``recompute``, ``layout``,
+    ``accumulation`` and the rest.
 
     ``peak_bytes`` predicts the rise of ``torch.cuda.max_memory_allocated`` over building the
     model and two training steps (``include_optimizer=False``: one forward and backward, no
     optimizer state); ``runtime`` holds one-off memory beside it.
     """
-    # fmt: off
-    spec = StepSpec(
-        cfg, batch, seq, precision=precision, weights=weights, optimizer=optimizer,
-        adamw_impl=adamw_impl, recompute=recompute, layout=layout, accumulation=accumulation,
-        bf16_autocast=bf16_autocast, fp32_grads=fp32_grads, hidden_dropout=hidden_dropout,
-        flash_attention=flash_attention, hopper=hopper, amax_history_len=amax_history_len,
-        include_optimizer=include_optimizer,
-    )
-    # fmt: on
+    spec = step_spec(cfg, batch, seq, options)
     sizes = step_sizes(spec)
     tl = simulate(sizes)
     return MemoryEstimate(

@@ -29,7 +29,8 @@ __all__ = [
 class Weights:
     """A parameter layout: what each parameter costs and which optimizer keeps its state.
 
-    Bytes are per parameter; ``state_bytes`` is per optimizer moment (AdamW keeps two, SGD one).
+    Bytes are per parameter; ``state_bytes`` is per optimizer moment (AdamW keeps two; SGD one
+    with momentum, none without).
     ``fp8_params``: the layers' GEMM weights are FP8 (data, and on Hopper its transpose), the
     other parameters stay in ``param_bytes``. ``autocast``: FP32 parameters computed in BF16
     under ``torch.autocast(dtype=torch.bfloat16)``, which (with TE) casts BF16 copies of the
@@ -172,8 +173,10 @@ class Layout:
 # --- training state ------------------------------------------------------------------------------
 
 
-def _moments(optimizer: str) -> int:
-    return {"adamw": 2, "sgd": 1, "none": 0}[optimizer]
+def _moments(optimizer: str, momentum: float) -> int:
+    """Optimizer tensors kept per parameter: AdamW's two moments; SGD's momentum buffer only
+    with momentum > 0 (torch.optim.SGD's default, momentum=0, keeps none)."""
+    return {"adamw": 2, "sgd": 1 if momentum > 0 else 0, "none": 0}[optimizer]
 
 
 def bytes_per_parameter(
@@ -183,22 +186,27 @@ def bytes_per_parameter(
     hopper: bool = True,
     *,
     weights: str | None = None,
+    momentum: float = 0.0,
 ) -> dict[str, float]:
     """Bytes per parameter of the training state, by part (before any sharding).
 
     For the GEMM weights of the layers (FP8 ones under ``weights="fp8-master"``: 1 byte, plus
-    its transpose on Hopper). ``bytes_per_parameter("bf16")`` sums to the classic 16.
+    its transpose on Hopper). ``bytes_per_parameter("bf16")`` sums to the classic 16;
+    ``optimizer="sgd"`` keeps a momentum buffer only with ``momentum > 0``, as torch's SGD.
     """
     layout, _ = resolve_precision(precision, weights)
     checks.choice("optimizer", optimizer, OPTIMIZERS)
     checks.flag("fp32_grads", fp32_grads)
     checks.flag("hopper", hopper)
+    momentum = checks.number("momentum", momentum, non_negative=True)
+    if momentum and optimizer != "sgd":
+        raise ValueError(f"momentum={momentum}: only optimizer='sgd' takes a momentum")
     stored = (2 if hopper else 1) if layout.fp8_params else layout.param_bytes
     return {
         Part.PARAMETERS: stored,
         Part.GRADIENTS: 4 if fp32_grads else layout.grad_bytes,
         Part.MASTER_WEIGHTS: layout.master_bytes if optimizer != "none" else 0,
-        Part.OPTIMIZER_STATES: _moments(optimizer) * layout.state_bytes,
+        Part.OPTIMIZER_STATES: _moments(optimizer, momentum) * layout.state_bytes,
     }
 
 

@@ -164,7 +164,12 @@ def _training_state(spec: StepSpec, n_local: float, fp8_gemm: float) -> dict[str
     by the ZeRO stage (Rajbhandari et al. 2020, sec. 5)."""
     weights, dp, stage = spec.parameter_layout, spec.layout.dp, spec.layout.zero_stage
     per_param = bytes_per_parameter(
-        spec.compute, spec.optimizer_used, spec.fp32_grads, spec.hopper, weights=weights.name
+        spec.compute,
+        spec.optimizer_used,
+        spec.fp32_grads,
+        spec.hopper,
+        weights=weights.name,
+        momentum=spec.momentum if spec.optimizer_used == "sgd" else 0.0,
     )
     shard = {
         Part.PARAMETERS: dp if stage >= 3 else 1,

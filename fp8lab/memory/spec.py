@@ -1,16 +1,17 @@
-"""The inputs of one memory estimate, checked once: :class:`StepSpec`.
+"""The inputs of one memory estimate, written and checked once: :class:`StepSpec`.
 
-:func:`fp8lab.memory.estimate` takes many arguments (the model, the micro-batch, the parameter
-layout, the compute precision, the optimizer, recompute, parallelism and more); a
-:class:`StepSpec` holds them, rejects bad ones with a ``ValueError``/``TypeError`` naming the
-argument, and resolves what they imply (the parameter layout, the compute precision, whether
-``torch.autocast`` runs), so the sizing code downstream trusts its input.
+:func:`fp8lab.memory.estimate` takes the model, the micro-batch and the sequence, and options (the
+parameter layout, the compute precision, the optimizer, recompute, parallelism and more): its
+options are the fields of :class:`StepSpec`, which holds them, rejects bad ones with a
+``ValueError``/``TypeError`` naming the argument, and resolves what they imply (the parameter
+layout, the compute precision, whether ``torch.autocast`` runs), so the sizing code downstream
+trusts its input. :func:`step_spec` builds one from a dict of options, naming an unknown one.
 :func:`require_seq` is the one check of a sequence length against the model's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from fp8lab import checks
 from fp8lab.config import TransformerConfig, require_config
@@ -19,7 +20,7 @@ from fp8lab.memory.constants import ADAMW_IMPLS, OPTIMIZERS
 from fp8lab.memory.layouts import Layout, Weights, resolve_precision
 from fp8lab.parts import Part
 
-__all__ = ["StepSpec", "require_seq"]
+__all__ = ["OPTIONS", "StepSpec", "require_seq", "step_spec"]
 
 
 def require_seq(cfg: TransformerConfig, seq: int, name: str = "seq") -> int:
@@ -35,10 +36,26 @@ def require_seq(cfg: TransformerConfig, seq: int, name: str = "seq") -> int:
 
 @dataclass(frozen=True)
 class StepSpec:
-    """What one training step of ``cfg`` runs: micro-batch ``batch`` x ``seq`` tokens, and how.
+    """What one training step of ``cfg`` runs: micro-batch ``batch`` x ``seq`` tokens (``seq`` at
+    most ``cfg.max_seq_len``), and how. Every field after ``seq`` is an option of
+    :func:`fp8lab.memory.estimate`:
 
-    The fields are :func:`fp8lab.memory.estimate`'s arguments (``layout=None`` becomes one GPU);
-    ``parameter_layout``, ``compute`` and ``autocast`` are what they resolve to.
+    ``precision``: the layers' compute (:data:`~fp8lab.memory.COMPUTE`, or ``"fp8-weights"``);
+    ``weights``: the parameter layout (a key of :data:`~fp8lab.memory.WEIGHTS`; by default BF16
+    parameters with FP32 master weights, or FP8 ones for ``"fp8-weights"``, see
+    :func:`~fp8lab.memory.resolve_precision`); ``optimizer`` (``"adamw"``, ``"sgd"`` or
+    ``"none"``); ``momentum``: ``torch.optim.SGD``'s (0 by default, as in torch: no momentum
+    buffer; only ``optimizer="sgd"`` takes one); ``adamw_impl``: ``torch.optim.AdamW``'s
+    implementation; ``recompute`` through ``te.checkpoint`` (``"selective"``:
+    ``checkpoint_core_attention``); ``layout``: tensor, sequence and data parallelism with a ZeRO
+    stage (``None``: one GPU); ``accumulation``: micro-batches per step; ``bf16_autocast``:
+    ``torch.autocast`` around the forward (``None``: as ``train_step`` on a GPU, on unless the
+    compute is FP32); ``fp32_grads``; ``hidden_dropout``; ``flash_attention`` (no S x S term);
+    ``hopper`` (FP8 weights keep a transpose, and the cuBLAS workspace is Hopper's);
+    ``amax_history_len`` of delayed scaling; ``include_optimizer=False``: one forward and
+    backward, no optimizer state.
+
+    ``parameter_layout``, ``compute`` and ``autocast`` are what the options resolve to.
     """
 
     cfg: TransformerConfig
@@ -47,6 +64,7 @@ class StepSpec:
     precision: str = "bf16"
     weights: str | None = None
     optimizer: str = "adamw"
+    momentum: float = 0.0
     adamw_impl: str = "foreach"
     recompute: str = "none"
     layout: Layout | None = None
@@ -70,6 +88,12 @@ class StepSpec:
         object.__setattr__(self, "parameter_layout", parameter_layout)
         object.__setattr__(self, "compute", compute)
         checks.choice("optimizer", self.optimizer, OPTIMIZERS)
+        checks.number("momentum", self.momentum, non_negative=True)
+        if self.momentum and self.optimizer != "sgd":
+            raise ValueError(
+                f"momentum={self.momentum}: only optimizer='sgd' takes a momentum, "
+                f"not optimizer={self.optimizer!r}"
+            )
         checks.choice("adamw_impl", self.adamw_impl, ADAMW_IMPLS)
         checks.choice("recompute", self.recompute, RECOMPUTE)
         layout = Layout() if self.layout is None else self.layout
@@ -108,6 +132,11 @@ class StepSpec:
             raise ValueError(f"sequence parallelism needs tp={tp} to divide seq={self.seq}")
 
     @property
+    def momentum_buffer(self) -> bool:
+        """Does the optimizer keep a momentum buffer (torch.optim.SGD with momentum > 0)?"""
+        return self.optimizer_used == "sgd" and self.momentum > 0
+
+    @property
     def fp8(self) -> bool:
         """Do the layers' GEMMs run in FP8?"""
         return self.compute.startswith("fp8")
@@ -136,3 +165,21 @@ class StepSpec:
     def copies_part(self) -> str:
         """The part the layers' weight copies count under: FP8 copies, or autocast's BF16 ones."""
         return Part.FP8_WEIGHT_COPIES if self.fp8 else Part.AUTOCAST_COPIES
+
+
+# The options of an estimate: StepSpec's fields after (cfg, batch, seq), in order.
+OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(StepSpec) if f.init)[3:]
+
+
+def step_spec(cfg: TransformerConfig, batch: int, seq: int, options: dict) -> StepSpec:
+    """A :class:`StepSpec` from ``options`` (names of :data:`OPTIONS`); an unknown name is a
+    ``TypeError`` that names it and lists the options."""
+    if not isinstance(options, dict):
+        raise TypeError(f"options={checks.show(options)}: must be a dict of option names")
+    unknown = [name for name in options if name not in OPTIONS]
+    if unknown:
+        raise TypeError(
+            f"{unknown[0]}={checks.show(options[unknown[0]])}: no such option of a memory "
+            f"estimate (options: {', '.join(OPTIONS)})"
+        )
+    return StepSpec(cfg, batch, seq, **options)

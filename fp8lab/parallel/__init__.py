@@ -14,8 +14,8 @@
 * :mod:`~fp8lab.parallel.arguments`, :mod:`~fp8lab.parallel.worker` -- the command line and the
   entry point, ``python -m fp8lab.parallel.worker --plan PLAN.json --out FOLDER`` (under
   torchrun);
-* :mod:`~fp8lab.parallel.jobs` -- the launcher's side: starting, watching and ending one job
-  (no torch);
+* :mod:`~fp8lab.parallel.jobs` -- the launcher's side: the tasks of a launch (``Task``),
+  starting, watching and ending one job (no torch);
 * :mod:`~fp8lab.parallel.plan`, :mod:`~fp8lab.parallel.report` -- the chapter's side: the tasks
   of one launch, and how their rows are read (intervals, verdicts, what an older file lacks).
 

@@ -1,8 +1,10 @@
-"""The launcher's side of one job (what :func:`fp8lab.distributed.launch` runs): the tasks that
-share a job, its plan file, starting torchrun, watching the tasks' files, ending the job (the
-worker processes by their ids) and reading back what each task left.
+"""The launcher's side of one job (what :func:`fp8lab.distributed.launch` runs): the tasks a
+launch runs (:class:`Task`), the tasks that share a job, its plan file, starting torchrun,
+watching the tasks' files, ending the job (the worker processes by their ids) and reading back
+what each task left.
 
-Plain data in and out (no torch): :mod:`fp8lab.distributed` turns the records into results.
+Plain data in and out (no torch): :mod:`fp8lab.distributed` turns the records into results, and
+the chapter's :mod:`fp8lab.parallel.plan` builds its tasks here, below the launcher.
 """
 
 from __future__ import annotations
@@ -13,11 +15,62 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from fp8lab import checks
 
 WORKER = "fp8lab.parallel.worker"
 LOG_TAIL = 4000
 POLL_S = 0.25
+
+
+# Kinds of task the worker runs (fp8lab.parallel.worker.TASKS has one function per kind).
+KINDS = ("links", "amax", "ddp_check", "ddp", "fsdp", "tp_check", "tp", "cp_check", "cp")
+KINDS += ("timeline", "rounds", "sleep")
+
+
+def check_lr(args: Mapping) -> None:
+    """What the worker would refuse only once started: a learning rate must be finite, > 0."""
+    if "lr" in args:
+        checks.number("lr", args["lr"], positive=True)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One experiment of a launch: ``kind`` names the worker function, ``args`` its inputs.
+
+    ``timeout_s`` bounds the task once it has started; ``env`` is extra environment for the
+    processes (tasks with different environments run in different jobs). A learning rate in
+    ``args`` (``lr``) must be finite and positive.
+    """
+
+    name: str
+    kind: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    timeout_s: float = 300.0
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name.replace("_", "").isalnum():
+            raise ValueError(
+                f"name={self.name!r}: must be a non-empty string of letters, digits and _"
+            )
+        checks.choice("kind", self.kind, KINDS)
+        if not isinstance(self.args, Mapping):
+            raise TypeError(f"args must be a mapping, not {type(self.args).__name__}")
+        try:
+            json.dumps(dict(self.args))
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"args must be JSON-serialisable: {error}") from None
+        check_lr(self.args)
+        checks.number("timeout_s", self.timeout_s, positive=True)
+        if not isinstance(self.env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
+        ):
+            raise TypeError("env must be a mapping of strings to strings")
 
 
 def default_nproc() -> int:

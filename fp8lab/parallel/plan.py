@@ -1,11 +1,13 @@
 """Chapter 08's plan: the tasks one launch of the worker runs, in order, at the sizes of a
 preset. The notebook builds it and hands it to :func:`fp8lab.distributed.launch`; the same
-list, saved as JSON, is what ``python -m fp8lab.parallel.worker --plan PLAN.json`` reads.
+list, saved as JSON, is what ``python -m fp8lab.parallel.worker --plan PLAN.json`` reads. Its
+tasks are :class:`fp8lab.parallel.jobs.Task`\\ s: the plan sits below the launcher and imports
+nothing of it.
 """
 
 from __future__ import annotations
 
-from fp8lab import distributed
+from fp8lab.parallel.jobs import Task
 
 
 def chapter_tasks(
@@ -15,7 +17,7 @@ def chapter_tasks(
     CP, the profiled timeline, and TP with one hardware queue and with Userbuffers (a second
     job on GPUs: ``CUDA_DEVICE_MAX_CONNECTIONS`` must be set before CUDA starts). ``seq`` and
     ``batch`` are the shared S and B per GPU; ``seq_long`` is context parallelism's sequence."""
-    task = distributed.Task
+    task = Task
     one_queue = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if cuda else {}
     ddp_variants = [
         {"n": "all", "mode": "default"},  # 1, 2, ... GPUs; DDP's default 25 MB buckets
