@@ -52,11 +52,19 @@ __all__ = [
 ]
 
 OPTIMIZER, COMMUNICATION, OTHER = "optimizer", "communication", "other"
+# An optimizer's name as a word of a kernel name: lower case after a non-letter
+# (multi_tensor_adam, _fused_sgd_), or capitalised anywhere (FusedAdamMathFunctor, SGDFunctor),
+# and never followed by a lower-case letter, so that PyTorch's "{lambda(float)#1}" is not LAMB.
+# Multi-tensor kernels (TE's and torch's foreach and fused updates) are the optimizer's too.
+_OPTIMIZER_WORDS = (
+    r"(?:(?<![A-Za-z])(?:adamw?|lamb|sgd|optimi[sz]er)|Adam|LAMB|Lamb|SGD|Sgd|Optimizer)W?(?![a-z])"
+)
+_OPTIMIZER = re.compile(rf"{_OPTIMIZER_WORDS}|multi_tensor_apply|aten::_foreach_")
 # First match wins: the optimizer before FP8 casts (TE's FP8 Adam), communication before
 # element-wise work (NCCL's reductions), attention before GEMM (fused attention kernels contain
 # GEMM-like names).
 CATEGORIES: tuple[tuple[str, re.Pattern], ...] = (
-    (OPTIMIZER, re.compile(r"adam|lamb|sgd_|optimizer", re.I)),
+    (OPTIMIZER, _OPTIMIZER),
     (
         COMMUNICATION,
         re.compile(
@@ -81,7 +89,8 @@ CATEGORIES: tuple[tuple[str, re.Pattern], ...] = (
     ),
     (
         "FP8 cast / amax / transpose",
-        re.compile(r"(?<!no)cast|quantiz|amax|transpose|fp8|scale_update|scale_inv", re.I),
+        # "cast" as a word: TE's cast kernels, not PyTorch's LoadWithCast copies or nocast loops
+        re.compile(r"(?<![A-Za-z])cast|quantiz|amax|transpose|fp8|scale_update|scale_inv", re.I),
     ),
     ("norm", re.compile(r"norm", re.I)),
     (
