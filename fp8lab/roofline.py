@@ -8,7 +8,9 @@ draw their measured products on the same plot, through :func:`plot_roofline`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from numbers import Real
 
 from fp8lab import checks
 
@@ -55,6 +57,27 @@ class Roof:
         return ridge_point(self.peak_tflops, self.bandwidth_gbs)
 
 
+def _check_series(series, values) -> None:
+    """One series of points: as many intensities as rates (and labels), each a number > 0 (a
+    log-log plot has no place for zero or a negative) or NaN (a point not measured, not drawn)."""
+    columns = ("intensities", "tflops", "labels")[: len(values)]
+    lengths = {}
+    for column, value in zip(columns, values, strict=True):
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+            raise TypeError(
+                f"points[{series!r}] {column}={checks.show(value)}: must be a sequence"
+            )
+        lengths[column] = len(value)
+    if len(set(lengths.values())) > 1:
+        counts = ", ".join(f"{count} {column}" for column, count in lengths.items())
+        raise ValueError(f"points[{series!r}]: one point per intensity, not {counts}")
+    for column, numbers in zip(columns[:2], values[:2], strict=True):
+        for index, value in enumerate(numbers):
+            name = f"points[{series!r}] {column}[{index}]"
+            if not (isinstance(value, Real) and math.isnan(value)):
+                checks.number(name, value, positive=True)
+
+
 def _check_plot_arguments(roofs, points, point_colors, intensity_range) -> None:
     """The containers :func:`plot_roofline` takes: a TypeError names the argument of the wrong
     kind."""
@@ -74,6 +97,7 @@ def _check_plot_arguments(roofs, points, point_colors, intensity_range) -> None:
                     f"points[{series!r}] must be (intensities, tflops) or (intensities, tflops, "
                     f"labels), not {type(values).__name__}"
                 )
+            _check_series(series, values)
     if point_colors is not None and not isinstance(point_colors, Mapping):
         raise TypeError(
             f"point_colors must map a series name to a colour, not {type(point_colors).__name__}"
@@ -94,12 +118,14 @@ def plot_roofline(
 ):
     """Draw ``roofs`` on a log-log ``ax`` and place ``points``.
 
-    ``points`` maps a series name to ``(intensities, tflops)`` or ``(intensities, tflops, labels)``;
-    with ``label_points`` each point gets its label, offset so that neighbours do not overlap.
+    ``points`` maps a series name to ``(intensities, tflops)`` or ``(intensities, tflops, labels)``,
+    one intensity per rate (and label), each > 0 or NaN (not measured: not drawn); with
+    ``label_points`` each point gets its label, offset so that neighbours do not overlap.
     """
     import numpy as np
 
     _check_plot_arguments(roofs, points, point_colors, intensity_range)
+    checks.flag("label_points", label_points)
     low, high = intensity_range
     checks.number("intensity_range[0]", low, positive=True)
     if checks.number("intensity_range[1]", high, positive=True) <= low:

@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fp8lab import ceilings, datasheet, roofline
 
@@ -112,3 +114,55 @@ def test_roofline_ridge_and_attainable_rate():
     assert roofline.attainable_tflops(1000, 1000, 4000) == 1000  # compute-bound
     with pytest.raises(ValueError, match="bandwidth_gbs=nan"):
         roofline.ridge_point(1000, float("nan"))
+
+
+def _plot(points, **kwargs):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    try:
+        roofline.plot_roofline(ax, [roofline.Roof("r", 100.0, 1000.0)], points, **kwargs)
+        return [len(c.get_offsets()) for c in ax.collections]
+    finally:
+        plt.close(fig)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(intensities=st.integers(0, 5), rates=st.integers(0, 5), labels=st.integers(0, 5))
+def test_plot_roofline_wants_one_point_per_intensity(intensities, rates, labels):
+    """Property: as many intensities as rates (and labels), else a ValueError naming the series
+    and the counts, before matplotlib sees them."""
+    points = {"bf16": ([10.0] * intensities, [1.0] * rates, ["p"] * labels)}
+    if intensities == rates == labels:
+        assert _plot(points, label_points=True) == [intensities]
+        return
+    with pytest.raises(ValueError, match=rf"points\['bf16'\]: one point per intensity, not "
+                       rf"{intensities} intensities, {rates} tflops"):  # fmt: skip
+        _plot(points)
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (([1.0, 2.0, 3.0], [1.0, 2.0]), "not 3 intensities, 2 tflops"),
+        (([1.0], [0.0]), r"tflops\[0\]=0.0: must be a finite number > 0"),
+        (([-1.0], [1.0]), r"intensities\[0\]=-1.0: must be a finite number > 0"),
+        (([1.0], [float("inf")]), r"tflops\[0\]=inf"),
+    ],
+)
+def test_plot_roofline_names_the_bad_series(values, message):
+    with pytest.raises(ValueError, match=message):
+        _plot({"fp8": values})
+    with pytest.raises(TypeError, match=r"points\['fp8'\] intensities=5.0: must be a sequence"):
+        _plot({"fp8": (5.0, [1.0])})
+    with pytest.raises(TypeError, match="label_points"):
+        _plot({"fp8": ([1.0], [1.0])}, label_points="yes")
+
+
+def test_plot_roofline_accepts_an_unmeasured_point():
+    """NaN is a point not measured (a chapter's table cell without a measurement): accepted,
+    and matplotlib leaves it out of the picture."""
+    assert _plot({"fp8": ([1.0, 2.0], [float("nan"), 3.0])}) == [2]

@@ -13,6 +13,8 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fp8lab.reference as ref
 from fp8lab import training
@@ -238,6 +240,43 @@ def test_train_groups_batches_into_steps():
             bf16_autocast=False,
             options=StepOptions(),
         )
+
+
+@pytest.mark.parametrize("given, micro", [(3, 4), (1, 2), (0, 1), (0, 3)])
+def test_too_few_batches_name_micro_batches_and_the_count(given, micro):
+    """Fewer batches than one step needs: the error says how many a step needs and how many
+    there were (an empty stream says so)."""
+    model = _gpt(form="pytorch")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    expected = (
+        rf"micro_batches={micro} needs at least {micro} batches .*batches held {given}"
+        if given
+        else "batches: no batch to train on"
+    )
+    with pytest.raises(ValueError, match=expected):
+        training.train(model, iter(_batches(given)), optimizer, micro_batches=micro)
+    with pytest.raises(TypeError, match="batches must be an iterable"):
+        training.train(model, 3, optimizer)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(count=st.integers(0, 7), micro=st.integers(1, 4))
+def test_train_runs_one_step_per_full_group_or_says_why_none(count, micro):
+    """Property: ``count // micro`` steps, or (none) a ValueError naming the argument at fault."""
+    model = torch.nn.Linear(3, 1)
+    batches = [(torch.randn(2, 3), torch.randn(2, 1)) for _ in range(count)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def run():
+        return training.train(
+            model, batches, optimizer, micro_batches=micro, loss_fn=F.mse_loss
+        )
+
+    if count >= micro:
+        assert run().shape == (count // micro,)
+        return
+    with pytest.raises(ValueError, match="micro_batches=" if count else "batches: no batch"):
+        run()
 
 
 def test_time_step_returns_a_timing_with_the_optimizer_share():

@@ -41,20 +41,12 @@ def train(
     """
     check_model_and_optimizer(model, optimizer)
     check_te_and_recipe(te, fp8_recipe)
-    if on_step is not None and not callable(on_step):
-        raise TypeError(f"on_step must be callable, not {type(on_step).__name__}")
-    checks.integer("micro_batches", micro_batches)
-    if bf16_autocast is not None:
-        checks.flag("bf16_autocast", bf16_autocast)
-    if options is None:
-        options = StepOptions(bf16_autocast=bf16_autocast)
-    elif not isinstance(options, StepOptions):
-        raise TypeError(f"options must be a training.StepOptions, not {type(options).__name__}")
-    elif bf16_autocast is not None:
-        raise ValueError("give bf16_autocast in options= (StepOptions), not both")
+    options = _checked_options(batches, on_step, micro_batches, bf16_autocast, options)
     losses = []
     group: list = []
+    given = 0
     for index, batch in enumerate(batches):
+        given = index + 1
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
             raise TypeError(f"batches[{index}] must be an (inputs, targets) pair")
         group.append(batch)
@@ -75,8 +67,37 @@ def train(
         if on_step is not None:
             on_step(model, len(losses) - 1)
     if not losses:
-        raise ValueError("batches: no batch to train on")
+        raise ValueError(_too_few(given, micro_batches))
     return np.array(losses)
+
+
+def _checked_options(batches, on_step, micro_batches, bf16_autocast, options) -> StepOptions:
+    """The rest of :func:`train`'s arguments, checked; returns the step options to run with."""
+    if on_step is not None and not callable(on_step):
+        raise TypeError(f"on_step must be callable, not {type(on_step).__name__}")
+    if not isinstance(batches, Iterable):
+        kind = type(batches).__name__
+        raise TypeError(f"batches must be an iterable of (inputs, targets) pairs, not {kind}")
+    checks.integer("micro_batches", micro_batches)
+    if bf16_autocast is not None:
+        checks.flag("bf16_autocast", bf16_autocast)
+    if options is None:
+        return StepOptions(bf16_autocast=bf16_autocast)
+    if not isinstance(options, StepOptions):
+        raise TypeError(f"options must be a training.StepOptions, not {type(options).__name__}")
+    if bf16_autocast is not None:
+        raise ValueError("give bf16_autocast in options= (StepOptions), not both")
+    return options
+
+
+def _too_few(given: int, micro_batches: int) -> str:
+    """Why no step ran: no batch at all, or fewer than one step's micro-batches."""
+    if given == 0:
+        return "batches: no batch to train on (the iterable was empty)"
+    return (
+        f"micro_batches={micro_batches} needs at least {micro_batches} batches for one step; "
+        f"batches held {given}"
+    )
 
 
 def final_loss(losses: Sequence[float], tail: float = 0.1) -> float:
