@@ -61,10 +61,16 @@ _LAZY = {
     "glue": "fp8lab.book",
 }
 
+# Kits a reader reaches as ``fp8lab.<name>`` without importing them first. Kept apart from
+# _LAZY, whose modules every chapter's stamp hashes: a chapter does not run these.
+_LAZY_KITS = ("workshop",)
+
 __all__ = ["__version__", *sorted(_LAZY)]
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _LAZY_KITS:
+        return importlib.import_module(f"fp8lab.{name}")
     raise AttributeError(f"module 'fp8lab' has no attribute {name!r}")

@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["choice", "flag", "integer", "number", "probability", "show", "tensor"]
+__all__ = ["choice", "flag", "integer", "number", "path", "probability", "show", "tensor"]
 
 
 def show(value: Any) -> str:
@@ -86,6 +87,16 @@ def choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     if not known:
         raise ValueError(f"{name}={show(value)}: must be one of {', '.join(map(repr, choices))}")
     return value
+
+
+def path(name: str, value: Any, suffix: str = "") -> Path:
+    """An existing file or folder (a ``str`` or ``Path``), ending in ``suffix`` where given."""
+    if isinstance(value, bool) or not isinstance(value, (str, Path)) or not str(value):
+        raise TypeError(f"{name}={show(value)}: must be a file path")
+    found = Path(value)
+    if not found.exists() or (suffix and found.suffix != suffix):
+        raise ValueError(f"{name}={str(found)!r}: no such {suffix or 'file'}")
+    return found
 
 
 def tensor(name: str, value: Any, *, dims: int | None = None, floating: bool | None = None):

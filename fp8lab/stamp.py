@@ -1,24 +1,14 @@
-"""Stamps: where committed GPU outputs came from, and whether they still describe the code.
+"""Stamps: where committed GPU outputs came from, and which fp8lab code made them.
 
 The rendered book shows outputs committed from a GPU run, so each chapter (and each result file
 of a long run) carries a stamp: the GPU and its count, torch, CUDA, cuDNN and Transformer Engine
-versions, the date, a SHA-256 of the chapter's code cells, and SHA-256s of the fp8lab modules
-its code imports (found by reading the imports, transitively; docstrings and comments left out).
+versions, the date, and SHA-256s of the fp8lab modules its code imports (found by reading the
+imports, transitively; docstrings and comments left out). This module makes them: the producers
+of result files in the chapter kits call :func:`stamp_record` with :func:`library_modules` (a
+chapter's) or :func:`producer_modules` (a script's). Checking them (fresh, pending or broken)
+is the book's business, in ``tools/stamps.py``.
 
-A stamp is in one of three states (:class:`Status`):
-
-* **fresh**: made on a CUDA GPU with TE, from the code cells the chapter holds now and the fp8lab
-  code it imports now, on a stack with one cuDNN;
-* **pending**: the outputs are genuine but the library changed since (the modules that changed
-  are named), or the stamp predates the record of the cuDNN, or records two different cuDNNs in
-  one process. The book can change honestly: the page says so at its top, and ``make test``
-  lists the chapter and passes;
-* **broken**: no stamp, a stamp not made on a CUDA GPU with TE (or the full preset, or enough
-  GPUs), code cells that changed since the run, error outputs or unexecuted cells. The CPU lane
-  fails on these.
-
-A result file's stamp covers the modules its producer imports (:func:`producer_modules`), not
-a chapter's. Nothing here imports torch unless a stamp is being made (:func:`where_it_runs`).
+Nothing here imports torch unless a stamp is being made (:func:`where_it_runs`).
 """
 
 from __future__ import annotations
@@ -27,68 +17,27 @@ import ast
 import datetime
 import hashlib
 import io
-import json
 import tokenize
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from fp8lab import checks
 
 __all__ = [
-    "BROKEN",
-    "FRESH",
-    "PENDING",
-    "Status",
-    "code_hash",
+    "code_cells",
     "library_hash",
     "library_modules",
     "module_hashes",
-    "notebook_status",
     "producer_modules",
-    "record_status",
-    "stamp_notebook",
     "stamp_record",
-    "toc_notebooks",
     "where_it_runs",
 ]
 
-STAMP_KEY = "fp8lab"
-GPUS_KEY = "fp8lab_gpus"  # notebook metadata: how many GPUs its stamp must record (1 when absent)
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "fp8lab"
-FRESH, PENDING, BROKEN = "fresh", "pending", "broken"
 # Imports the GPU lane never executes: import_te() returns the CPU reference only where TE cannot
 # run, and a stamp is only written where it can. A chapter that imports fp8lab.reference itself
 # still hashes it.
 NOT_ON_THE_GPU_LANE = {("fp8lab.environment", "fp8lab.reference")}
-
-
-@dataclass(frozen=True)
-class Status:
-    """The state of one stamp: ``state`` is :data:`FRESH`, :data:`PENDING` or :data:`BROKEN`;
-    ``broken`` and ``pending`` say why; ``changed`` names the fp8lab modules that changed."""
-
-    name: str
-    record: dict | None
-    broken: tuple[str, ...] = ()
-    pending: tuple[str, ...] = ()
-    changed: tuple[str, ...] = field(default=())
-
-    @property
-    def state(self) -> str:
-        return BROKEN if self.broken else PENDING if self.pending else FRESH
-
-    def summary(self) -> str:
-        """One line for a terminal: the state and its first reason."""
-        reasons = self.broken or self.pending
-        return f"{self.state:8s} {self.name}" + (f": {reasons[0]}" if reasons else "")
-
-    def page_note(self) -> str:
-        """What the rendered page says at its top when the outputs are not fresh."""
-        record = self.record or {}
-        sha = str(record.get("library_sha256", ""))[:10] or "unknown"
-        origin = f"Outputs from fp8lab {sha}, {record.get('date', 'an unknown date')}"
-        return f"{origin}; " + "; ".join(self.broken or self.pending) + "."
 
 
 # --- which code a chapter or a script runs ------------------------------------------------------
@@ -109,58 +58,14 @@ def _check_modules(modules) -> list[str]:
     return list(modules)
 
 
-def _check_path(name: str, value, suffix: str = "") -> Path:
-    if isinstance(value, bool) or not isinstance(value, (str, Path)) or not str(value):
-        raise TypeError(f"{name}={checks.show(value)}: must be a file path")
-    path = Path(value)
-    if not path.exists() or (suffix and path.suffix != suffix):
-        raise ValueError(f"{name}={str(path)!r}: no such {suffix or 'file'}")
-    return path
-
-
-def toc_notebooks(root: Path = ROOT) -> list[Path]:
-    """The ``.ipynb`` chapters listed in ``_toc.yml``, in book order."""
-    import yaml
-
-    root = _check_path("root", root)
-    if not (root / "_toc.yml").is_file():
-        raise ValueError(f"root={str(root)!r}: holds no _toc.yml")
-    files: list[str] = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            if "file" in node:
-                files.append(node["file"])
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(yaml.safe_load((root / "_toc.yml").read_text()))
-    return [root / f"{name}.ipynb" for name in files if (root / f"{name}.ipynb").exists()]
-
-
-def read(path: Path) -> dict:
-    return json.loads(Path(path).read_text())
-
-
-def _code_cells(notebook: dict) -> list[str]:
+def code_cells(notebook: dict) -> list[str]:
+    """The sources of a notebook's code cells, in order."""
+    _check_notebook(notebook)
     return [
         "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         for cell in notebook["cells"]
         if cell["cell_type"] == "code"
     ]
-
-
-def code_hash(notebook: dict) -> str:
-    """SHA-256 of the code cells' sources (trailing white space ignored), in order."""
-    _check_notebook(notebook)
-    digest = hashlib.sha256()
-    for source in _code_cells(notebook):
-        digest.update(source.rstrip().encode())
-        digest.update(b"\0")
-    return digest.hexdigest()
 
 
 def _module_path(module: str, root: Path) -> Path | None:
@@ -235,7 +140,7 @@ def library_modules(notebook: dict, root: Path = ROOT, exclude: tuple[str, ...] 
     """
     _check_notebook(notebook)
     pending: set[str] = set()
-    for source in _code_cells(notebook):
+    for source in code_cells(notebook):
         try:
             pending |= _imports(ast.parse(source), root)
         except SyntaxError:  # IPython syntax (magics) in a cell: no imports read from it
@@ -245,7 +150,7 @@ def library_modules(notebook: dict, root: Path = ROOT, exclude: tuple[str, ...] 
 
 def producer_modules(script: Path, root: Path = ROOT, exclude: tuple[str, ...] = ()) -> list[str]:
     """The fp8lab modules a script (a result file's producer) imports, transitively, sorted."""
-    script = _check_path("script", script, ".py")
+    script = checks.path("script", script, ".py")
     return _closure(_imports(ast.parse(script.read_text()), root), root, exclude)
 
 
@@ -345,97 +250,3 @@ def stamp_record(modules: list[str], machine: dict | None = None, **extra) -> di
         }
     )
     return record
-
-
-def stamp_notebook(path: Path, lane_seconds: float | None = None, machine: dict | None = None):
-    """Write the stamp into the notebook at ``path`` and return it."""
-    notebook = read(path)
-    extra = {"code_sha256": code_hash(notebook)}
-    if lane_seconds is not None:
-        extra["lane_seconds"] = round(lane_seconds, 1)
-    record = stamp_record(library_modules(notebook), machine, **extra)
-    notebook["metadata"][STAMP_KEY] = record
-    Path(path).write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
-    return record
-
-
-# --- checking stamps ------------------------------------------------------------------------------
-
-
-def _changed_modules(record: dict, modules: list[str]) -> list[str]:
-    per_module = record.get("module_sha256") or {}
-    now = module_hashes(modules)
-    if per_module:
-        return [m for m in modules if per_module.get(m) != now[m]] + sorted(
-            set(per_module) - set(modules)
-        )
-    if record["library_sha256"] != library_hash([m for m in modules if now[m]]):
-        return ["one or more of its modules (the stamp predates per-module hashes)"]
-    return []
-
-
-def _broken(record: dict | None, gpus: int) -> list[str]:
-    if not record:
-        return ["no GPU stamp: run the GPU lane (make gpu-lane) on a GPU box"]
-    found = []
-    if not record.get("gpu_name") or not record.get("transformer_engine") or not record.get("cuda"):
-        found.append("the stamp does not name a CUDA GPU with Transformer Engine")
-    if record.get("preset") != "full":
-        found.append("its outputs were not made with the full preset")
-    if int(record.get("gpu_count") or 0) < gpus:
-        found.append(f"stamped on {record.get('gpu_count')} GPU(s); it needs {gpus}")
-    modules, sha = record.get("library_modules"), record.get("library_sha256")
-    if not isinstance(modules, list) or not isinstance(sha, str):
-        found.append("the stamp has no hash of the fp8lab code")
-    return found
-
-
-def _pending(record: dict, modules: list[str]) -> tuple[list[str], list[str]]:
-    reasons: list[str] = []
-    if "cudnn" not in record:
-        reasons.append("made before stamps recorded the cuDNN in use (possibly two cuDNNs)")
-    elif record.get("cudnn_torch") and record["cudnn"] != record["cudnn_torch"]:
-        reasons.append(f"made with two cuDNNs ({record['cudnn']} and {record['cudnn_torch']})")
-    existing = [m for m in modules if _module_path(m, ROOT) is not None]
-    gone = [m for m in modules if m not in existing]  # moved or removed since: pending, not broken
-    changed = list(dict.fromkeys(_changed_modules(record, existing) + gone))
-    if changed:
-        reasons.append(f"the library changed since in {', '.join(changed)}; re-run pending")
-    return reasons, changed
-
-
-def record_status(record: dict | None, name: str, gpus: int = 1) -> Status:
-    """The status of a result file's stamp (its modules are the ones it recorded)."""
-    if record is not None and not isinstance(record, dict):
-        raise TypeError(f"record={checks.show(record)}: must be a stamp dict or None")
-    if not isinstance(name, str):
-        raise TypeError(f"name={checks.show(name)}: must be a string")
-    gpus = checks.integer("gpus", gpus)
-    broken = _broken(record, gpus)
-    if broken:
-        return Status(name, record, tuple(broken))
-    pending, changed = _pending(record, record["library_modules"])
-    return Status(name, record, (), tuple(pending), tuple(changed))
-
-
-def notebook_status(path: Path) -> Status:
-    """The status of a chapter's committed outputs."""
-    path = _check_path("path", path, ".ipynb")
-    notebook = _check_notebook(read(path))
-    metadata = notebook.get("metadata", {})
-    record = metadata.get(STAMP_KEY)
-    broken = _broken(record, int(metadata.get(GPUS_KEY, 1)))
-    if record and record.get("code_sha256") != code_hash(notebook):
-        broken.append("code cells changed since the GPU run: run the GPU lane again")
-    for index, cell in enumerate(notebook["cells"]):
-        if cell["cell_type"] != "code":
-            continue
-        if any(output.get("output_type") == "error" for output in cell.get("outputs", [])):
-            broken.append(f"cell {index} has an error output")
-        if cell.get("source") and cell.get("execution_count") is None:
-            broken.append(f"cell {index} was not executed")
-    if broken:
-        return Status(path.name, record, tuple(broken))
-    now = library_modules(notebook)
-    pending, changed = _pending(record, sorted(set(now) | set(record["library_modules"])))
-    return Status(path.name, record, (), tuple(pending), tuple(changed))

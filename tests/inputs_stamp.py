@@ -1,4 +1,5 @@
-"""Property-test entries for fp8lab.stamp and the cuDNN report (read by tests/test_inputs.py)."""
+"""Property-test entries for fp8lab.stamp (making stamps), tools/stamps.py (checking them) and
+the cuDNN report (read by tests/test_inputs.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import hypothesis.strategies as st
 
 from fp8lab import environment, stamp
 from tests.property_support import Entry, ints, maybe
+from tools import stamps
 
 NOTEBOOK = {"cells": [{"cell_type": "code", "source": "import fp8lab.flops"}]}
 MACHINE = {
@@ -19,16 +21,19 @@ MACHINE = {
     "cudnn_torch": "9.19.0",
 }
 RECORD = stamp.stamp_record(["fp8lab.flops"], MACHINE)
-CHAPTER = stamp.toc_notebooks()[0]
+CHAPTER = stamps.toc_notebooks()[0]
 
 
 def _state(record, name, gpus):
-    return len(stamp.record_status(record, name, gpus).pending)
+    return len(stamps.record_status(record, name, gpus).pending)
 
 
 ENTRIES = {
-    "stamp.code_hash": Entry(
-        lambda notebook: len(stamp.code_hash(notebook)), {"notebook": maybe(st.just(NOTEBOOK))}
+    "stamp.code_cells": Entry(
+        lambda notebook: len(stamp.code_cells(notebook)), {"notebook": maybe(st.just(NOTEBOOK))}
+    ),
+    "tools.stamps.code_hash": Entry(
+        lambda notebook: len(stamps.code_hash(notebook)), {"notebook": maybe(st.just(NOTEBOOK))}
     ),
     "stamp.library_modules": Entry(
         lambda notebook: len(stamp.library_modules(notebook)),
@@ -47,7 +52,7 @@ ENTRIES = {
         {"script": maybe(st.just(stamp.ROOT / "tools" / "lane.py"))},
         examples=10,
     ),
-    "stamp.record_status": Entry(
+    "tools.stamps.record_status": Entry(
         _state,
         {
             "record": maybe(st.just(RECORD)),
@@ -55,11 +60,11 @@ ENTRIES = {
             "gpus": maybe(ints(1, 2)),
         },
     ),
-    "stamp.Status": Entry(
-        lambda: len(stamp.record_status(RECORD, "r.json").page_note()), {}, examples=1
+    "tools.stamps.Status": Entry(
+        lambda: len(stamps.record_status(RECORD, "r.json").page_note()), {}, examples=1
     ),
-    "stamp.notebook_status": Entry(
-        lambda path: len(stamp.notebook_status(path).name),
+    "tools.stamps.notebook_status": Entry(
+        lambda path: len(stamps.notebook_status(path).name),
         {"path": maybe(st.just(CHAPTER))},
         examples=10,
     ),
@@ -67,8 +72,8 @@ ENTRIES = {
         lambda modules, machine: len(stamp.stamp_record(modules, machine)),
         {"modules": maybe(st.just(["fp8lab.flops"])), "machine": st.just(MACHINE)},
     ),
-    "stamp.toc_notebooks": Entry(
-        lambda root: len(stamp.toc_notebooks(root)), {"root": maybe(st.just(stamp.ROOT))}
+    "tools.stamps.toc_notebooks": Entry(
+        lambda root: len(stamps.toc_notebooks(root)), {"root": maybe(st.just(stamps.ROOT))}
     ),
     "environment.CudnnReport": Entry(
         lambda: environment.CudnnReport("9.19.0", "9.19.0", "9.19.0").describe(), {}, examples=1

@@ -1,12 +1,14 @@
-"""Property-test entries for fp8lab.workshop (read by tests/test_inputs.py)."""
+"""Property-test entries for fp8lab.workshop and the workshop pages' machinery in tools/workshop
+(read by tests/test_inputs.py)."""
 
 from __future__ import annotations
 
 import hypothesis.strategies as st
 
 from fp8lab import workshop
-from fp8lab.workshop import answers, plan
+from fp8lab.workshop import answers
 from tests.property_support import Entry, maybe, reals
+from tools.workshop import chapters, pages, plan
 
 CHAPTERS = st.sampled_from(sorted(plan.CHAPTERS))
 GRADED = st.sampled_from(sorted(answers.NUMERIC))
@@ -33,21 +35,23 @@ ENTRIES = {
     "workshop.glued": Entry(
         lambda chapter: len(workshop.glued(chapter)), {"chapter": maybe(CHAPTERS)}
     ),
-    "workshop.stamped_run": Entry(
-        lambda chapter: workshop.stamped_run(chapter)["seconds"], {"chapter": maybe(CHAPTERS)}
+    "tools.workshop.chapters.stamped_run": Entry(
+        lambda chapter: chapters.stamped_run(chapter)["seconds"], {"chapter": maybe(CHAPTERS)}
     ),
-    "workshop.need": Entry(lambda chapter: workshop.need(chapter), {"chapter": maybe(CHAPTERS)}),
-    "workshop.agenda": Entry(
-        lambda name: len(workshop.agenda(name)),
+    "tools.workshop.plan.need": Entry(
+        lambda chapter: plan.need(chapter), {"chapter": maybe(CHAPTERS)}
+    ),
+    "tools.workshop.plan.agenda": Entry(
+        lambda name: len(plan.agenda(name)),
         {"name": maybe(st.sampled_from(list(plan.AGENDAS)))},
     ),
-    "workshop.over_budget": Entry(lambda: len(workshop.over_budget()), {}, examples=2),
+    "tools.workshop.plan.over_budget": Entry(lambda: len(plan.over_budget()), {}, examples=2),
     "workshop.reading": Entry(
         lambda text: workshop.reading(text).value, {"text": maybe(TEXTS)}, signed=True
     ),
-    "workshop.render": Entry(lambda: len(workshop.render()), {}, examples=2),
-    "workshop.setup_timing_fragment": Entry(
-        lambda path: len(workshop.setup_timing_fragment(path)),
+    "tools.workshop.pages.render": Entry(lambda: len(pages.render()), {}, examples=2),
+    "tools.workshop.pages.setup_timing_fragment": Entry(
+        lambda path: len(pages.setup_timing_fragment(path)),
         {"path": maybe(st.just("tests/gpu_results/no_such_setup_timing.json"))},
         examples=10,
     ),

@@ -333,19 +333,20 @@ def test_the_worker_refuses_to_run_outside_torchrun(tmp_path):
 
 
 def test_committed_multi_gpu_results_are_stamped(root):
-    from fp8lab import stamp as stamp_module
+    from tools import stamps
 
     files = sorted((root / "notebooks" / "results").glob("08_parallelism_*gpu.json"))
     for path in files:
         gpus = int(path.stem.split("_")[-1].removesuffix("gpu"))
         record = distributed.load(path).stamp
-        status = stamp_module.record_status(record, path.name, gpus=gpus)
+        status = stamps.record_status(record, path.name, gpus=gpus)
         assert status.broken == () and status.state in ("fresh", "pending")
         assert not math.isnan(float(record.get("gpu_count", math.nan)))
 
 
 def test_results_of_a_module_that_moved_are_pending_not_broken():
     from fp8lab import stamp as stamp_module
+    from tools import stamps
 
     modules = ["fp8lab.distributed", "fp8lab.parallel_worker"]  # the worker's old home
     record = stamp_module.stamp_record(
@@ -354,7 +355,7 @@ def test_results_of_a_module_that_moved_are_pending_not_broken():
         transformer_engine="2.0",
     )
     record["library_modules"] = modules
-    status = stamp_module.record_status(record, "results.json", gpus=2)
+    status = stamps.record_status(record, "results.json", gpus=2)
     assert status.state == "pending" and "fp8lab.parallel_worker" in status.changed
 
 

@@ -11,11 +11,12 @@ import torch
 from fp8lab import e2e, flops
 from fp8lab import stamp as lane
 from fp8lab.config import preset_config
+from tools import stamps
 
 EXPECTED = e2e.expected_files()
 
 
-IN_THE_BOOK = any(p.name == "09_end_to_end.ipynb" for p in lane.toc_notebooks())
+IN_THE_BOOK = any(p.name == "09_end_to_end.ipynb" for p in stamps.toc_notebooks())
 
 
 @pytest.mark.skipif(
@@ -31,7 +32,7 @@ def test_committed_outputs_come_from_the_gpu_lane(name):
         "commands, and commit their files under tests/gpu_results/e2e/"
     )
     record = json.loads(path.read_text())
-    assert lane.record_status(record.get("stamp"), name).broken == ()
+    assert stamps.record_status(record.get("stamp"), name).broken == ()
     assert record["steps_run"] == record["steps_planned"] or record["error"]
 
 
@@ -173,9 +174,9 @@ def test_a_stamp_covers_this_script_and_the_library_it_imports(tmp_path, monkeyp
     modules = e2e.result_modules()
     assert {"tools.train_e2e", "fp8lab.corpus", "fp8lab.training", "fp8lab.models"} <= set(modules)
     stamp = lane.stamp_record(modules, fake_machine, run_seconds=1.0)
-    assert lane.record_status(stamp, "r.json").state == lane.FRESH
+    assert stamps.record_status(stamp, "r.json").state == stamps.FRESH
     monkeypatch.setattr(lane, "module_hashes", lambda modules, root=lane.ROOT: dict.fromkeys(modules, "0"))
-    assert lane.record_status(stamp, "r.json").state == lane.PENDING
+    assert stamps.record_status(stamp, "r.json").state == stamps.PENDING
 
 
 def test_whole_plan_runs_on_a_gpu_are_stamped_failures_included(monkeypatch, fake_machine):
@@ -185,7 +186,7 @@ def test_whole_plan_runs_on_a_gpu_are_stamped_failures_included(monkeypatch, fak
     gpu = SimpleNamespace(on_gpu=True, preset="full")
     whole = {"steps_requested": 300, "steps_planned": 300, "error": None, "wall_s": 9.0}
     diverged = dict(whole, error="non-finite loss by step 40: stopped")
-    assert lane.record_status(e2e.Bench._stamp(gpu, whole), "r.json").broken == ()
+    assert stamps.record_status(e2e.Bench._stamp(gpu, whole), "r.json").broken == ()
     assert e2e.Bench._stamp(gpu, diverged) is not None  # a diverged run is a result too
     assert e2e.Bench._stamp(gpu, dict(whole, steps_requested=60)) is None  # cut short
     cpu = SimpleNamespace(on_gpu=False, preset="full")
@@ -217,8 +218,8 @@ def test_a_recorded_module_that_is_gone_makes_a_stamp_pending(fake_machine):
     stamp = lane.stamp_record(modules, fake_machine, run_seconds=1.0)
     stamp["library_modules"].append("fp8lab.no_longer_here")
     stamp["module_sha256"]["fp8lab.no_longer_here"] = "0" * 64
-    status = lane.record_status(stamp, "r.json")
-    assert status.state == lane.PENDING and status.broken == ()
+    status = stamps.record_status(stamp, "r.json")
+    assert status.state == stamps.PENDING and status.broken == ()
     assert status.changed == ("fp8lab.no_longer_here",)
 
 

@@ -9,8 +9,9 @@ import pytest
 from fp8lab import e2e, protocol
 from fp8lab import stamp as lane
 from fp8lab.e2e import speed as e2e_speed
+from tools import stamps
 
-IN_THE_BOOK = any(p.name == "09_end_to_end.ipynb" for p in lane.toc_notebooks())
+IN_THE_BOOK = any(p.name == "09_end_to_end.ipynb" for p in stamps.toc_notebooks())
 
 
 @pytest.mark.skipif(not IN_THE_BOOK, reason="chapter 09 is not in _toc.yml yet")
@@ -18,7 +19,7 @@ def test_the_committed_speed_file_comes_from_the_gpu_lane():
     path = e2e_speed.RESULTS_FILE
     assert path.exists(), "no e2e_speed.json; on a GPU box run python -m tools.e2e_speed"
     record = json.loads(path.read_text())
-    assert lane.record_status(record.get("stamp"), path.name).broken == ()
+    assert stamps.record_status(record.get("stamp"), path.name).broken == ()
     assert record["schema"] == e2e_speed.SCHEMA
     for model, groups in e2e_speed.GROUPS.items():
         entry = record["models"][model]

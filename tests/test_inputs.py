@@ -206,6 +206,15 @@ ENTRIES: dict[str, Entry] = {
         },
         aliases={"value": ["c"]},
     ),
+    "checks.path": Entry(
+        lambda name, value, suffix: str(checks.path(name, value, suffix)),
+        {
+            "name": st.just("script"),
+            "value": maybe(st.sampled_from([Path(__file__), str(Path(__file__).parent)])),
+            "suffix": st.sampled_from(["", ".py"]),
+        },
+        aliases={"value": ["script"]},
+    ),
     "checks.tensor": Entry(
         checks.tensor,
         {"name": st.just("t"), "value": maybe(st.just(torch.ones(2)))},
@@ -866,11 +875,7 @@ NOT_CALLED = {
     "ceilings.MatmulResult",
     "formats.FP32_MAX",
     "checks.show",  # formats any value for a message; it takes no input it could reject
-    "stamp.BROKEN",
-    "stamp.FRESH",
-    "stamp.PENDING",
-    # writes a notebook (tested in tests/test_lane.py) / needs a CUDA GPU with TE
-    "stamp.stamp_notebook",
+    # needs a CUDA GPU with TE (tested in tests/test_lane.py)
     "stamp.where_it_runs",
 }
 BAD_ERRORS = (

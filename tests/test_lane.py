@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from fp8lab import stamp
+from tools import stamps
 
-CHAPTERS = stamp.toc_notebooks()
+CHAPTERS = stamps.toc_notebooks()
 
 
 def test_the_toc_lists_chapters():
@@ -20,13 +21,13 @@ def test_the_toc_lists_chapters():
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
 def test_committed_outputs_come_from_the_gpu_lane(path):
     """Fresh or pending; never broken (no stamp, CPU stamp, changed code cells, errors)."""
-    assert stamp.notebook_status(path).broken == ()
+    assert stamps.notebook_status(path).broken == ()
 
 
 def _copy_of_chapter(tmp_path):
     target = tmp_path / "chapter.ipynb"
     shutil.copy(CHAPTERS[0], target)
-    notebook = stamp.read(target)
+    notebook = stamps.read(target)
     for cell in notebook["cells"]:  # the copy may be unexecuted; give it execution counts
         if cell["cell_type"] == "code":
             cell["execution_count"] = cell.get("execution_count") or 1
@@ -37,44 +38,44 @@ def _copy_of_chapter(tmp_path):
 
 def test_changing_a_code_cell_breaks_the_stamp(tmp_path, fake_machine):
     path = _copy_of_chapter(tmp_path)
-    stamp.stamp_notebook(path, machine=fake_machine)
-    assert stamp.notebook_status(path).state == stamp.FRESH
-    notebook = stamp.read(path)
+    stamps.stamp_notebook(path, machine=fake_machine)
+    assert stamps.notebook_status(path).state == stamps.FRESH
+    notebook = stamps.read(path)
     code_cell = next(cell for cell in notebook["cells"] if cell["cell_type"] == "code")
     code_cell["source"] = "".join(code_cell["source"]) + "\nprint('changed')"
     path.write_text(json.dumps(notebook))
-    status = stamp.notebook_status(path)
-    assert status.state == stamp.BROKEN
+    status = stamps.notebook_status(path)
+    assert status.state == stamps.BROKEN
     assert any("code cells changed" in reason for reason in status.broken)
 
 
 def test_markdown_edits_and_trailing_space_keep_the_stamp(tmp_path):
     path = _copy_of_chapter(tmp_path)
-    notebook = stamp.read(path)
-    before = stamp.code_hash(notebook)
+    notebook = stamps.read(path)
+    before = stamps.code_hash(notebook)
     next(c for c in notebook["cells"] if c["cell_type"] == "markdown")["source"] += "\nMore prose."
     next(c for c in notebook["cells"] if c["cell_type"] == "code")["source"] += "\n   \n"
-    assert stamp.code_hash(notebook) == before
+    assert stamps.code_hash(notebook) == before
 
 
 def test_missing_stamp_error_output_and_cpu_stamp_are_broken(tmp_path, fake_machine):
     path = _copy_of_chapter(tmp_path)
-    notebook = stamp.read(path)
-    notebook["metadata"].pop(stamp.STAMP_KEY, None)
+    notebook = stamps.read(path)
+    notebook["metadata"].pop(stamps.STAMP_KEY, None)
     path.write_text(json.dumps(notebook))
-    assert "no GPU stamp" in stamp.notebook_status(path).broken[0]
+    assert "no GPU stamp" in stamps.notebook_status(path).broken[0]
 
-    stamp.stamp_notebook(path, machine=dict(fake_machine, transformer_engine=None))
-    assert any("does not name a CUDA GPU" in p for p in stamp.notebook_status(path).broken)
+    stamps.stamp_notebook(path, machine=dict(fake_machine, transformer_engine=None))
+    assert any("does not name a CUDA GPU" in p for p in stamps.notebook_status(path).broken)
 
-    stamp.stamp_notebook(path, machine=fake_machine)
-    notebook = stamp.read(path)
+    stamps.stamp_notebook(path, machine=fake_machine)
+    notebook = stamps.read(path)
     cell = next(c for c in notebook["cells"] if c["cell_type"] == "code")
     cell["outputs"] = [
         {"output_type": "error", "ename": "RuntimeError", "evalue": "boom", "traceback": []}
     ]
     path.write_text(json.dumps(notebook))
-    assert any("error output" in p for p in stamp.notebook_status(path).broken)
+    assert any("error output" in p for p in stamps.notebook_status(path).broken)
 
 
 def test_stamping_refuses_without_a_gpu():
@@ -137,8 +138,8 @@ def test_a_changed_library_makes_the_outputs_pending_and_names_the_module(
     tmp_path, monkeypatch, fake_machine
 ):
     path = _copy_of_chapter(tmp_path)
-    stamp.stamp_notebook(path, machine=fake_machine)
-    record = stamp.read(path)["metadata"][stamp.STAMP_KEY]
+    stamps.stamp_notebook(path, machine=fake_machine)
+    record = stamps.read(path)["metadata"][stamps.STAMP_KEY]
     assert record["library_modules"] and len(record["library_sha256"]) == 64
     hashes = stamp.module_hashes
 
@@ -146,8 +147,8 @@ def test_a_changed_library_makes_the_outputs_pending_and_names_the_module(
         return {**hashes(modules, root), "fp8lab.flops": "0" * 64}
 
     monkeypatch.setattr(stamp, "module_hashes", one_changed)
-    status = stamp.notebook_status(path)
-    assert status.state == stamp.PENDING and status.changed == ("fp8lab.flops",)
+    status = stamps.notebook_status(path)
+    assert status.state == stamps.PENDING and status.changed == ("fp8lab.flops",)
     assert "fp8lab.flops" in status.page_note() and "re-run pending" in status.page_note()
 
 
@@ -157,11 +158,11 @@ def test_a_module_gone_since_the_run_makes_a_result_pending_not_broken(fake_mach
     record = stamp.stamp_record(["fp8lab.checks"], fake_machine)
     record["library_modules"].append("fp8lab.moved_away")
     record["module_sha256"]["fp8lab.moved_away"] = "0" * 64
-    status = stamp.record_status(record, "result.csv")
-    assert status.state == stamp.PENDING and status.changed == ("fp8lab.moved_away",)
+    status = stamps.record_status(record, "result.csv")
+    assert status.state == stamps.PENDING and status.changed == ("fp8lab.moved_away",)
     del record["module_sha256"]
-    status = stamp.record_status(record, "result.csv")
-    assert status.state == stamp.PENDING and status.changed == ("fp8lab.moved_away",)
+    status = stamps.record_status(record, "result.csv")
+    assert status.state == stamps.PENDING and status.changed == ("fp8lab.moved_away",)
 
 
 def test_excluding_a_package_excludes_its_submodules():
@@ -173,19 +174,19 @@ def test_excluding_a_package_excludes_its_submodules():
 def test_a_stamp_without_one_cudnn_is_pending(tmp_path, fake_machine):
     path = _copy_of_chapter(tmp_path)
     old = {k: v for k, v in fake_machine.items() if not k.startswith("cudnn")}
-    stamp.stamp_notebook(path, machine=old)
-    assert "cuDNN" in stamp.notebook_status(path).pending[0]
-    stamp.stamp_notebook(path, machine=dict(fake_machine, cudnn="9.14.0"))
-    assert "two cuDNNs" in stamp.notebook_status(path).pending[0]
+    stamps.stamp_notebook(path, machine=old)
+    assert "cuDNN" in stamps.notebook_status(path).pending[0]
+    stamps.stamp_notebook(path, machine=dict(fake_machine, cudnn="9.14.0"))
+    assert "two cuDNNs" in stamps.notebook_status(path).pending[0]
 
 
 def test_a_stamp_must_record_the_gpus_a_chapter_needs(tmp_path, fake_machine):
     path = _copy_of_chapter(tmp_path)
-    notebook = stamp.read(path)
-    notebook["metadata"][stamp.GPUS_KEY] = 2
+    notebook = stamps.read(path)
+    notebook["metadata"][stamps.GPUS_KEY] = 2
     path.write_text(json.dumps(notebook))
-    stamp.stamp_notebook(path, machine=fake_machine)
-    assert any("it needs 2" in p for p in stamp.notebook_status(path).broken)
+    stamps.stamp_notebook(path, machine=fake_machine)
+    assert any("it needs 2" in p for p in stamps.notebook_status(path).broken)
 
 
 def test_check_stamps_lists_every_chapter_and_passes_when_none_is_broken(root):

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from torch import nn
 
 from fp8lab import memory
-from fp8lab import stamp as stamps
 from fp8lab.config import TransformerConfig, preset_config
 from fp8lab.flops import RECOMPUTE, layer_parameters, parameter_count
 from fp8lab.memory import WEIGHTS, Part
@@ -23,6 +22,7 @@ from fp8lab.memory.sizes import step_sizes
 from fp8lab.memory.spec import OPTIONS, StepSpec, require_seq, step_spec
 from fp8lab.memory.timeline import simulate
 from fp8lab.memory.tree import build_tree
+from tools import stamps
 from tools.memory_check import FITS, MATRICES, MODELS, Config, stamp_path, summarise
 
 RESULTS = Path(__file__).parent / "gpu_results"

@@ -31,9 +31,9 @@ import struct
 
 import pytest
 
-from fp8lab import stamp
+from tools import stamps
 
-CHAPTERS = stamp.toc_notebooks()
+CHAPTERS = stamps.toc_notebooks()
 MAX_LINE = 88
 MIN_DPI = 110
 MAX_FIGURE_INCHES = 5.75  # a 5.6 in figure saved with bbox_inches="tight" measures ~5.71 in
@@ -203,7 +203,7 @@ def widgets_with_output(notebook: dict) -> list[str]:
 def max_figure_inches(notebook: dict) -> float:
     """The widest figure a notebook's outputs may hold: book width, unless its stamp predates
     the book-width rule (stamp dates are ``YYYY-MM-DD HH:MM UTC``, so they sort as text)."""
-    date = str(notebook.get("metadata", {}).get(stamp.STAMP_KEY, {}).get("date", ""))
+    date = str(notebook.get("metadata", {}).get(stamps.STAMP_KEY, {}).get("date", ""))
     first = next((c for c in notebook.get("cells", []) if c.get("cell_type") == "markdown"), {})
     heading = "".join(first.get("source", ""))[:5]
     if heading in NOT_YET_AT_BOOK_WIDTH:

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from fp8lab import protocol, stamp
+from fp8lab import protocol
 from fp8lab.protocol.floor import Floor
-from tools import verdicts
+from tools import stamps, verdicts
 
 FLOOR = Floor("device", 0.03, 3, 2)
 
@@ -106,7 +106,7 @@ def test_the_report_of_the_committed_stamp_is_found(tmp_path):
     assert verdicts.current(chapter, tmp_path) is None
 
 
-@pytest.mark.parametrize("path", stamp.toc_notebooks(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", stamps.toc_notebooks(), ids=lambda p: p.name)
 def test_no_committed_chapter_flipped_on_its_rerun(path):
     """A chapter whose committed stamp was re-run in another GPU session kept every verdict."""
     again = verdicts.current(path)

@@ -6,14 +6,18 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
+import sys
 
 import pytest
 
-from fp8lab import datasheet, stamp, workshop
-from fp8lab.workshop import answers, outputs, pages, plan
-from tools import workshop_pages
+import fp8lab
+from fp8lab import datasheet, workshop
+from fp8lab.workshop import answers, outputs
+from tools import stamps, workshop_pages
+from tools.workshop import chapters, pages, plan
 
-CHAPTER_KEYS = [path.name[:2] for path in stamp.toc_notebooks()]
+CHAPTER_KEYS = [path.name[:2] for path in stamps.toc_notebooks()]
 
 
 # --- agendas against the stamps ---------------------------------------------------------------
@@ -36,9 +40,9 @@ def test_a_blocks_run_time_is_the_stamp(key):
 
 
 def test_a_slower_chapter_overruns_its_block(monkeypatch):
-    real = outputs.stamped_run
+    real = chapters.stamped_run
     slow = lambda chapter: {**real(chapter), "seconds": 3600.0}  # noqa: E731
-    monkeypatch.setattr(outputs, "stamped_run", slow)
+    monkeypatch.setattr(chapters, "stamped_run", slow)
     problems = plan.over_budget()
     assert problems and all("allotted" in p for p in problems)
 
@@ -71,7 +75,7 @@ def test_each_chapter_has_three_exercises_with_answers(key):
 def test_every_number_in_an_answer_comes_from_the_committed_outputs(key):
     """Every glue an exercise refers to is in the committed outputs (or it fails, naming it)."""
     for exercise in answers.exercises(key):
-        text = outputs.resolve(exercise.question + exercise.answer, key, exercise.key)
+        text = chapters.resolve(exercise.question + exercise.answer, key, exercise.key)
         assert "{glue" not in text
 
 
@@ -81,7 +85,7 @@ def test_a_graded_answer_is_the_one_the_page_shows(key):
     states the graded value beside the answer."""
     exercise = next(e for e in answers.exercises(key[:2]) if e.key == key)
     rule = answers.NUMERIC[key]
-    assert rule.glue in outputs.glue_names(exercise.answer) or rule.factor != 1.0
+    assert rule.glue in chapters.glue_names(exercise.answer) or rule.factor != 1.0
     expected = answers.interval(key)[0]
     assert f'check("{key}", answer)` accepts' in pages.exercises_page()
     assert f"(book: {expected:.4g};" in pages.exercises_page()
@@ -210,3 +214,19 @@ def test_the_pip_recipe_pins_the_stack_of_the_newest_stamp():
     assert pins["transformer-engine"] == newest["transformer_engine"]
     major_minor = ".".join(newest["cudnn"].split(".")[:2])
     assert pins["nvidia-cudnn-cu13"] == f"{major_minor}.*"
+
+
+def test_the_grader_is_one_attribute_away_from_the_package():
+    """``import fp8lab`` then ``fp8lab.workshop.check(...)``: the kit loads on first use, without
+    the chapters' lazy names (whose modules every chapter's stamp hashes)."""
+    code = (
+        "import sys, fp8lab\n"
+        "print('fp8lab.workshop' in sys.modules)\n"
+        "print(bool(fp8lab.workshop.check('01.1', 8)))\n"
+        "print('tools' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "True", "False"]
+    assert "workshop" not in fp8lab._LAZY
+    with pytest.raises(AttributeError, match="no_such_kit"):
+        fp8lab.no_such_kit  # noqa: B018

@@ -3,7 +3,7 @@
 The book shows committed outputs (``execute_notebooks: "off"``). Where a chapter's stamp is
 pending (the library changed since its GPU run, or the run predates the one-cuDNN stack), the
 page opens with a warning that names the date, the fp8lab hash and what changed
-(:meth:`fp8lab.stamp.Status.page_note`), so a reader never takes an old output for a current one.
+(:meth:`tools.stamps.Status.page_note`), so a reader never takes an old output for a current one.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 
 from docutils import nodes
 
-from fp8lab import stamp
+from tools import stamps
 
-TITLES = {stamp.PENDING: "Outputs pending a re-run", stamp.BROKEN: "Outputs not from this code"}
+TITLES = {stamps.PENDING: "Outputs pending a re-run", stamps.BROKEN: "Outputs not from this code"}
 
 
-def _note(status: stamp.Status) -> nodes.admonition:
+def _note(status: stamps.Status) -> nodes.admonition:
     note = nodes.admonition(classes=["warning", f"fp8lab-{status.state}"])
     note += nodes.title(text=TITLES[status.state])
     note += nodes.paragraph(text=status.page_note())
@@ -28,8 +28,8 @@ def add_stamp_note(app, doctree) -> None:
     path = Path(app.srcdir) / f"{app.env.docname}.ipynb"
     if not path.is_file():
         return
-    status = stamp.notebook_status(path)
-    if status.state == stamp.FRESH:
+    status = stamps.notebook_status(path)
+    if status.state == stamps.FRESH:
         return
     section = next(iter(doctree.findall(nodes.section)), None)
     if section is None:

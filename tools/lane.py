@@ -2,7 +2,7 @@
 
 ``python -m tools.lane run [NOTEBOOK ...]`` executes each chapter of ``_toc.yml`` (or the ones
 named) in place, one at a time (nbmake ``--overwrite``, preset ``full``), and stamps it
-(:mod:`fp8lab.stamp`). ``python -m tools.lane verdicts [NOTEBOOK ...]``, in a GPU session other
+(:mod:`tools.stamps`). ``python -m tools.lane verdicts [NOTEBOOK ...]``, in a GPU session other
 than the stamp's, executes them again into copies and reports every glued verdict that flipped
 (:mod:`tools.verdicts`; exit code 1 on a flip). ``python -m tools.lane check`` prints each
 chapter's state (fresh, pending, broken) and whether its stamp was re-run, and exits non-zero
@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from fp8lab import stamp
-from tools import verdicts
+from tools import stamps, verdicts
 
-ROOT = stamp.ROOT
+ROOT = stamps.ROOT
 
 
 def run(paths: list[Path], python: str = sys.executable) -> int:
@@ -36,7 +36,7 @@ def run(paths: list[Path], python: str = sys.executable) -> int:
         result = subprocess.run(command, env=environment, cwd=ROOT)
         seconds = time.perf_counter() - begin
         if result.returncode == 0:
-            stamp.stamp_notebook(path, seconds, machine)
+            stamps.stamp_notebook(path, seconds, machine)
             print(f"stamped {path.name}: {seconds:.0f} s on {machine['gpu_name']}", flush=True)
         else:
             failures += 1
@@ -46,12 +46,12 @@ def run(paths: list[Path], python: str = sys.executable) -> int:
 
 def check(paths: list[Path]) -> int:
     """Print every chapter's state; return 1 if one is broken."""
-    statuses = [stamp.notebook_status(path) for path in paths]
+    statuses = [stamps.notebook_status(path) for path in paths]
     for path, status in zip(paths, statuses, strict=True):
         print(status.summary())
         for reason in (status.broken or status.pending)[1:]:
             print(f"{'':9s}{reason}")
-        again = verdicts.current(path) if status.state != stamp.BROKEN else None
+        again = verdicts.current(path) if status.state != stamps.BROKEN else None
         if again is not None:
             print(f"{'':9s}re-run on {again['rerun']['gpu_name']} ({again['rerun']['date']}): "
                   f"{again['flipped']} of {len(again['verdicts'])} verdicts flipped")
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(p) for p in args.notebooks if not p.is_file()]
     if missing:
         parser.error(f"no such notebook: {', '.join(missing)}")
-    paths = [p.resolve() for p in args.notebooks] or stamp.toc_notebooks()
+    paths = [p.resolve() for p in args.notebooks] or stamps.toc_notebooks()
     if args.action == "list":
         print("\n".join(str(p.relative_to(ROOT)) for p in paths))
         return 0

@@ -17,7 +17,8 @@ import subprocess
 import sys
 import time
 
-from fp8lab.workshop import outputs, pages, plan
+from fp8lab.workshop import outputs
+from tools.workshop import pages, plan
 
 ROOT = outputs.ROOT
 

@@ -1,32 +1,16 @@
-"""The workshop kit: timed agendas, graded exercises and the generated workshop pages.
+"""The workshop kit's participant side: the exercises and the grader of numeric answers.
 
-* :mod:`fp8lab.workshop.outputs` -- what the committed chapters hold: glued values, stamped run
-  times, headings and exercises (read from the ``.ipynb`` files, never typed)
-* :mod:`fp8lab.workshop.plan` -- each chapter block (prediction, discussion, expected numbers)
-  and four agendas timed from the stamps
+* :mod:`fp8lab.workshop.outputs` -- what the committed chapters hold: glued values and exercises
+  (read from the ``.ipynb`` files, never typed)
 * :mod:`fp8lab.workshop.answers` -- the exercises, and :func:`check`, the grader of numeric
   answers (the book's value within its measured spread)
-* :mod:`fp8lab.workshop.pages` -- the generated workshop pages of the book
 
-Nothing here imports torch.
+``import fp8lab`` then ``fp8lab.workshop.check("03.4", 1.47)`` works: the package loads this
+kit on first use. The agendas and the generated workshop pages are book machinery, in
+``tools/workshop``. Nothing here imports torch.
 """
 
 from fp8lab.workshop.answers import Grade, check, exercises, interval
-from fp8lab.workshop.outputs import glued, reading, stamped_run
-from fp8lab.workshop.pages import render, setup_timing_fragment
-from fp8lab.workshop.plan import agenda, need, over_budget
+from fp8lab.workshop.outputs import glued, reading
 
-__all__ = [
-    "Grade",
-    "agenda",
-    "check",
-    "exercises",
-    "glued",
-    "interval",
-    "need",
-    "over_budget",
-    "reading",
-    "render",
-    "setup_timing_fragment",
-    "stamped_run",
-]
+__all__ = ["Grade", "check", "exercises", "glued", "interval", "reading"]

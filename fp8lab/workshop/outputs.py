@@ -1,8 +1,9 @@
-"""What the committed chapters hold: glued values, stamped run times, headings and exercises.
+"""What the committed chapters hold for the grader: glued values and exercises.
 
-Everything a workshop page states about a chapter is read here from the chapter's committed
+What :func:`fp8lab.workshop.check` holds an answer to is read here from the chapter's committed
 ``.ipynb`` (the outputs of its last GPU run), never typed: when a chapter is re-run and
-re-stamped, the agendas, expected numbers and graded answers follow. Nothing here imports torch.
+re-stamped, the graded answers follow. Nothing here imports torch. (The workshop pages read
+more of a chapter, its stamped run time and headings, in ``tools/workshop``.)
 
 A value glued with :func:`fp8lab.book.glue` is stored as a display output whose metadata names
 it (``scrapbook.name``) and whose data is the value's ``text/plain`` form, under the
@@ -24,7 +25,6 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 _GLUE_MIME = "text/plain"
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?")
-_GLUE_ROLE = re.compile(r"\{glue(?::text)?\}`([^`]+)`")
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,8 @@ def notebook(chapter) -> dict:
     return _notebook(path, path.stat().st_mtime)
 
 
-def _source(cell: dict) -> str:
+def cell_source(cell: dict) -> str:
+    """A notebook cell's source as one string (a notebook stores it as a list of lines)."""
     source = cell.get("source", "")
     return "".join(source) if isinstance(source, list) else source
 
@@ -138,53 +139,13 @@ def reading(text: str) -> Reading:
     return Reading(text, values[0], low, high, half)
 
 
-def stamped_run(chapter) -> dict:
-    """The GPU stamp's facts for planning: ``seconds`` (the GPU lane's run time), ``gpu``,
-    ``gpus`` and ``date``; ``ValueError`` where the chapter has no stamped run time."""
-    metadata = notebook(chapter).get("metadata", {})
-    record = metadata.get("fp8lab") or {}
-    if not isinstance(record.get("lane_seconds"), (int, float)):
-        raise ValueError(
-            f"chapter={chapter_key(chapter)!r}: its notebook has no stamped run time "
-            "(metadata fp8lab.lane_seconds); run the GPU lane on it"
-        )
-    return {
-        "seconds": float(record["lane_seconds"]),
-        "gpu": str(record.get("gpu_name", "unknown GPU")),
-        "gpus": int(record.get("gpu_count") or 1),
-        "date": str(record.get("date", "")),
-    }
-
-
-def title(chapter) -> str:
-    """The chapter's title (its first ``#`` heading, without a leading number)."""
-    for cell in notebook(chapter)["cells"]:
-        for line in _source(cell).splitlines():
-            if cell["cell_type"] == "markdown" and line.startswith("# "):
-                return re.sub(r"^\d\d\s*·\s*", "", line[2:].strip())
-    return chapter_path(chapter).stem
-
-
-def sections(chapter) -> list[str]:
-    """The chapter's ``##`` headings in order, Takeaways and Exercises left out."""
-    found = []
-    for cell in notebook(chapter)["cells"]:
-        if cell["cell_type"] != "markdown":
-            continue
-        for line in _source(cell).splitlines():
-            heading = line[3:].strip() if line.startswith("## ") else ""
-            if heading and heading not in ("Takeaways", "Exercises"):
-                found.append(heading)
-    return found
-
-
 def _exercise_markdown(chapter) -> str:
     """The markdown from ``## Exercises`` to the next ``#``/``##`` heading (code cells skipped)."""
     parts, inside = [], False
     for cell in notebook(chapter)["cells"]:
         if cell["cell_type"] != "markdown":
             continue
-        text = _source(cell)
+        text = cell_source(cell)
         if not inside and "## Exercises" in text:
             inside, text = True, text.split("## Exercises", 1)[1]
         elif inside and re.search(r"^##? ", text, re.MULTILINE):
@@ -207,17 +168,3 @@ def exercises(chapter) -> list[Exercise]:
         question = " ".join(line.strip() for line in match.group(2).strip().splitlines())
         found.append(Exercise(f"{key}.{match.group(1)}", question, match.group(3).strip()))
     return found
-
-
-def glue_names(markdown: str) -> list[str]:
-    """The glue names a piece of MyST markdown refers to, in order."""
-    if not isinstance(markdown, str):
-        raise TypeError(f"markdown={checks.show(markdown)}: must be a string")
-    return _GLUE_ROLE.findall(markdown)
-
-
-def resolve(markdown: str, chapter, used_by: str = "") -> str:
-    """``markdown`` with each ``{glue:text}`name``` replaced by the chapter's committed value."""
-    names = glue_names(markdown)
-    values = {name: glued_text(chapter, name, used_by) for name in names}
-    return _GLUE_ROLE.sub(lambda m: values[m.group(1)], markdown)

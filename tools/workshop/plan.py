@@ -6,7 +6,8 @@ declared here; the agenda allots each block a fixed number of minutes, and
 :func:`over_budget` lists every block whose need exceeds its allotment (a test keeps it empty,
 so a chapter that grows slower after a re-run cannot silently overrun its block).
 The expected numbers are glue names; their values come from the committed outputs
-(:mod:`fp8lab.workshop.outputs`), never from here.
+(:mod:`fp8lab.workshop.outputs`), never from here; the run times from the stamps
+(:func:`tools.workshop.chapters.stamped_run`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from fp8lab import checks
 from fp8lab.workshop import outputs
+from tools.workshop import chapters
 
 START = 9 * 60  # each day starts at 09:00
 
@@ -194,7 +196,7 @@ def need(chapter) -> Need:
     key = outputs.chapter_key(chapter)
     if key not in CHAPTERS:
         raise ValueError(f"chapter={key!r}: the workshop plan has no block for it")
-    stamped = outputs.stamped_run(key)
+    stamped = chapters.stamped_run(key)
     plan = CHAPTERS[key]
     run = max(1, math.ceil(stamped["seconds"] / 60))
     return Need(key, stamped["seconds"], stamped["gpu"], stamped["gpus"], run, plan.reading,

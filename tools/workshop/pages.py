@@ -12,12 +12,13 @@ import json
 from pathlib import Path
 
 from fp8lab import checks, datasheet
-from fp8lab.workshop import answers, outputs, plan
+from fp8lab.workshop import answers, outputs
+from tools.workshop import chapters, plan
 
 SETUP_TIMING = outputs.ROOT / "tests" / "gpu_results" / "setup_timing.json"
 ROOM_GPUS = ("H100 SXM", "H200", "L40S", "RTX 4090")
 _HEADER = "<!-- Generated from the committed notebooks by `python -m tools.workshop_pages write`;"
-_HEADER += " edit fp8lab/workshop/, not this file. -->\n\n"
+_HEADER += " edit tools/workshop/, not this file. -->\n\n"
 
 
 def _link(key: str) -> str:
@@ -42,7 +43,7 @@ def _agenda_rows(name: str) -> list[list[str]]:
             rows.append([when, block.activity, block.minutes, "", "", "", ""])
             continue
         need = plan.need(block.chapter)
-        title = outputs.title(block.chapter).split(":")[0].replace("`", "")
+        title = chapters.title(block.chapter).split(":")[0].replace("`", "")
         key = block.chapter
         rows.append([when, f"{{ref}}`{key} · {title} <workshop-block-{key}>`",
                      block.minutes, f"{need.seconds:.0f} s", need.reading,
@@ -63,10 +64,10 @@ def _expected(key: str) -> list[str]:
 def _block(key: str) -> list[str]:
     chapter, need = plan.CHAPTERS[key], plan.need(key)
     gpus = f" on {need.gpus} GPUs" if need.gpus > 1 else ""
-    lines = [f"(workshop-block-{key})=", f"### Chapter {key}: {outputs.title(key)}", ""]
+    lines = [f"(workshop-block-{key})=", f"### Chapter {key}: {chapters.title(key)}", ""]
     lines += [
         f"- **Run** {_link(key)} top to bottom (Run All): {need.seconds:.0f} s stamped on "
-        f"{need.gpu}{gpus}. Its sections: " + "; ".join(outputs.sections(key)) + ".",
+        f"{need.gpu}{gpus}. Its sections: " + "; ".join(chapters.sections(key)) + ".",
         f"- **Predict first:** {chapter.predict}.",
         f"- **Discuss:** {chapter.discuss}",
         f"- **Exercises:** {{ref}}`{key}.1 onwards <workshop-exercises-{key}>`.",
@@ -120,11 +121,11 @@ def exercises_page() -> str:
         "",
     ]
     for key in plan.CHAPTERS:
-        lines += [f"(workshop-exercises-{key})=", f"## Chapter {key}: {outputs.title(key)}", ""]
+        lines += [f"(workshop-exercises-{key})=", f"## Chapter {key}: {chapters.title(key)}", ""]
         for exercise in answers.exercises(key):
             where = f"exercise {exercise.key}"
-            question = outputs.resolve(exercise.question, key, where)
-            answer = outputs.resolve(exercise.answer, key, where) + _grader_note(exercise.key)
+            question = chapters.resolve(exercise.question, key, where)
+            answer = chapters.resolve(exercise.answer, key, where) + _grader_note(exercise.key)
             lines += [f"**{exercise.key}** {question}", "", ":::{admonition} Answer",
                       ":class: dropdown", answer, ":::", ""]  # fmt: skip
         lines += [f"Back to {_link(key)}.", ""]
