@@ -26,7 +26,8 @@ Core (every chapter may use it):
 * :mod:`fp8lab.formats`, :mod:`fp8lab.data`, :mod:`fp8lab.capture`, :mod:`fp8lab.corpus` -- FP8
   bit layouts and scales; a learnable synthetic task; the tensors of a step; real text
 * :mod:`fp8lab.book`, :mod:`fp8lab.checks`, :mod:`fp8lab.stamp` -- glue, tables and number
-  formats for the prose; shared input checks; the stamps of GPU outputs
+  formats for the prose; shared input checks; making the stamps of GPU outputs (which code made
+  them, where)
 
 Chapter kits (a subpackage named for the chapter it serves):
 
@@ -35,13 +36,17 @@ Chapter kits (a subpackage named for the chapter it serves):
   launching torchrun, what communication costs, and the worker processes (each layout's TE code
   in :mod:`fp8lab.parallel.layouts`)
 * :mod:`fp8lab.e2e` -- chapter 09's long runs and alternated speed rounds
-* :mod:`fp8lab.workshop` -- the workshop kit: agendas timed from the chapters' stamps, the
-  exercises and the grader of numeric answers (``workshop.check``), the generated pages
+* :mod:`fp8lab.workshop` -- the workshop's exercises and the grader of numeric answers
+  (``fp8lab.workshop.check``, loaded on first use)
 
 CPU reference:
 
 * :mod:`fp8lab.reference` -- the subset of Transformer Engine's API the notebooks use, with FP8
   numerics, in plain PyTorch; used only where TE cannot run
+
+Book machinery is not here but in ``tools/``: the GPU lane and the checking of stamps, the
+workshop's agendas and page writers. Every module imports on a CPU machine without Transformer
+Engine.
 
 The names below are imported on first use, so that ``import fp8lab.flops`` (arithmetic) loads
 neither torch's GPU machinery nor the environment probe.

@@ -1,10 +1,16 @@
-"""The arithmetic modules stand alone: importing them loads no timing, GPU probe, TE or reference
-code."""
+"""Every module of fp8lab and tools imports on a bare CPU machine, and the arithmetic modules
+stand alone: importing them loads no timing, GPU probe, TE or reference code."""
 
+import json
+import os
+import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 ARITHMETIC = (
     "fp8lab.config",
@@ -68,3 +74,53 @@ def test_one_import_door_per_name():
                 f"{name} in {homes.get(name)} and {module.__name__}"
             )
             homes[name] = module.__name__
+
+
+def _modules(folder: Path, name: str) -> list[str]:
+    """``name`` and every module under it, found by pkgutil without importing anything."""
+    found = [name]
+    for info in pkgutil.iter_modules([str(folder)]):
+        child = f"{name}.{info.name}"
+        found += _modules(folder / info.name, child) if info.ispkg else [child]
+    return found
+
+
+EVERY_MODULE = _modules(ROOT / "fp8lab", "fp8lab") + _modules(ROOT / "tools", "tools")
+# Run in a fresh interpreter that cannot see Transformer Engine or a GPU, as on a bare CPU
+# machine (even where this one has both): a module that needs either at import fails here.
+IMPORT_ALL = """
+import importlib, json, sys, traceback
+sys.modules["transformer_engine"] = None  # `import transformer_engine` raises ImportError
+failed = {}
+for name in json.loads(sys.argv[1]):
+    try:
+        importlib.import_module(name)
+    except BaseException as error:
+        failed[name] = traceback.format_exception_only(type(error), error)[-1].strip()
+print(json.dumps(failed))
+"""
+
+
+def test_the_walk_finds_every_module():
+    files = [*ROOT.joinpath("fp8lab").rglob("*.py"), *ROOT.joinpath("tools").rglob("*.py")]
+    assert len(EVERY_MODULE) == len(files)
+    assert {"fp8lab.reference.modules", "fp8lab.parallel.worker", "tools.lane"} <= set(
+        EVERY_MODULE
+    )
+
+
+def test_every_module_of_fp8lab_and_tools_imports_without_te_or_a_gpu():
+    """Nothing needs Transformer Engine or a GPU to be imported (the CPU reference included);
+    the packages' ``__main__`` modules run nothing when imported."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_ALL, json.dumps(EVERY_MODULE)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    failed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert failed == {}, "\n".join(f"{name}: {why}" for name, why in failed.items())
