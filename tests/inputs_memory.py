@@ -5,7 +5,7 @@ import hypothesis.strategies as st
 from fp8lab import flops, memory
 from fp8lab.memory.activations import saved_per_layer
 from fp8lab.memory.sizes import step_sizes
-from fp8lab.memory.spec import StepSpec, require_seq
+from fp8lab.memory.spec import StepSpec, require_seq, step_spec
 from fp8lab.memory.timeline import simulate
 from fp8lab.memory.tree import build_tree
 from tests.property_support import TINY, TINY_GQA, Entry, ints, maybe, reals
@@ -223,6 +223,14 @@ ENTRIES = {
         },
     ),
     "memory.spec.StepSpec": Entry(StepSpec, _spec_args(), aliases=SPEC_ALIASES),
+    "memory.spec.step_spec": Entry(
+        lambda options: step_spec(TINY, 1, 16, options).compute,
+        {
+            "options": maybe(
+                st.sampled_from([{}, {"precision": "fp8-delayed"}, {"optimizer": "sgd"}])
+            )
+        },
+    ),
     "memory.spec.require_seq": Entry(
         require_seq, {"cfg": st.sampled_from([TINY, TINY_GQA]), "seq": maybe(SEQ)}
     ),
