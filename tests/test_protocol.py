@@ -169,13 +169,16 @@ def test_the_regime_follows_the_measured_idle_share():
 def test_floors_come_from_three_sessions_or_more():
     panel = {
         "x": ("device", {"s1": 1.50, "s2": 1.534, "s3": 1.51}),
-        "y": ("device", {"s1": 1.00, "s2": 1.01, "s3": 1.00}),
-        "z": ("host", {"s1": 0.8, "s2": 1.0}),  # two sessions: no floor yet
+        "y": ("device", {"s2": 1.00, "s3": 1.03}),  # two sessions: its move counts too
+        "z": ("host", {"s1": 0.8, "s2": 1.0}),  # no host comparison has three sessions yet
+        "w": ("kernel", {"s1": 1.0}),
     }
     floors = floors_from(panel)
     assert set(floors) == {"device"}
-    assert floors["device"].relative == 0.025  # 1.534 / 1.50 - 1 = 2.3%, up to a half percent
-    assert floors["device"].sessions == 3
+    assert floors["device"].relative == 0.03  # 1.03 / 1.00 - 1 = 3%
+    assert floors["device"].sessions == 3 and floors["device"].comparisons == 2
+    del panel["y"]
+    assert floors_from(panel)["device"].relative == 0.025  # 1.534 / 1.50 - 1 = 2.3%, up
 
 
 def test_a_missing_regime_borrows_the_widest_floor(monkeypatch):
