@@ -5,6 +5,7 @@ import json
 import pytest
 
 from fp8lab import protocol
+from fp8lab import stamp as stamp_writer
 from fp8lab.protocol.floor import Floor
 from tools import stamps, verdicts
 
@@ -115,3 +116,29 @@ def test_no_committed_chapter_flipped_on_its_rerun(path):
     assert again["rerun"]["executed"]
     flipped = [r["name"] for r in again["verdicts"] if r["flipped"]]
     assert not flipped, f"{path.name}: verdicts flipped on re-run: {flipped}"
+
+
+def test_a_rerun_writes_a_report_and_leaves_the_chapter_as_stamped(tmp_path, monkeypatch):
+    """The whole re-run path, with the execution replaced by one that changes one verdict."""
+    chapter = tmp_path / "00_x.ipynb"
+    stamped = notebook_with(gain=speed([1.5, 1.52, 1.49]), tie=speed([1.0, 1.005, 0.998]))
+    stamped["metadata"]["fp8lab"] = {"code_sha256": "abc", "date": "2026-11-27 10:00 UTC",
+                                     "gpu_name": "H100"}
+    chapter.write_text(json.dumps(stamped))
+    again = notebook_with(gain=speed([1.5, 1.51, 1.50]), tie=speed([1.2, 1.21, 1.19]))
+
+    def execute(copy):
+        assert copy.name == "00_x.rerun.ipynb" and copy.exists()
+        copy.write_text(json.dumps({**again, "metadata": stamped["metadata"]}))
+        return True, 12.0
+
+    monkeypatch.setattr(verdicts, "_execute", execute)
+    monkeypatch.setattr(stamp_writer, "where_it_runs", lambda: {"gpu_name": "H100", "gpu_count": 1})
+    report_path, flips = verdicts.run([chapter], tmp_path / "reports")
+    assert flips == 1
+    assert json.loads(chapter.read_text()) == stamped  # the committed chapter is untouched
+    assert not (tmp_path / "00_x.rerun.ipynb").exists()
+    report = json.loads(report_path.read_text())["chapters"]["00_x.ipynb"]
+    assert (report["held"], report["flipped"]) == (1, 1)
+    assert report["stamp"]["code_sha256"] == "abc" and report["rerun"]["executed"]
+    assert verdicts.current(chapter, tmp_path / "reports")["flipped"] == 1
