@@ -69,6 +69,23 @@ _COMPARISON = protocol.Comparison(
 )
 
 
+_MATMUL_SHAPES = {
+    "m": maybe(ints(1, 48)),
+    "n": maybe(st.sampled_from([16, 32])),
+    "k": maybe(st.sampled_from([16, 32])),
+    "dtype": maybe(st.sampled_from(["bf16", "fp8"])),
+    "layout": maybe(st.sampled_from(ceilings.LAYOUTS)),
+    "fast_accumulation": maybe(st.booleans()),
+}
+_MATMUL_ALIASES = {
+    "layout": ["fp8"],
+    "dtype": ["fast_accumulation", "fp8", "layout"],
+    "n": ["fp8"],
+    "k": ["fp8"],
+    "fast_accumulation": ["dtype"],
+}
+
+
 def _timing(times):
     return speedometer.Timing("t", times, "cpu")
 
@@ -275,23 +292,8 @@ ENTRIES: dict[str, Entry] = {
     ),
     "ceilings.measure_matmul": Entry(
         ceilings.measure_matmul,
-        {
-            "m": maybe(ints(1, 48)),
-            "n": maybe(st.sampled_from([16, 32])),
-            "k": maybe(st.sampled_from([16, 32])),
-            "dtype": maybe(st.sampled_from(["bf16", "fp8"])),
-            "iters": maybe(ints(1, 3)),
-            "warmup": maybe(ints(0, 2)),
-            "layout": maybe(st.sampled_from(ceilings.LAYOUTS)),
-            "fast_accumulation": maybe(st.booleans()),
-        },
-        aliases={
-            "layout": ["fp8"],
-            "dtype": ["fast_accumulation", "fp8", "layout"],
-            "n": ["fp8"],
-            "k": ["fp8"],
-            "fast_accumulation": ["dtype"],
-        },
+        _MATMUL_SHAPES | {"iters": maybe(ints(1, 3)), "warmup": maybe(ints(0, 2))},
+        aliases=_MATMUL_ALIASES,
         examples=30,
     ),
     "ceilings.matmul_step": Entry(
@@ -300,21 +302,8 @@ ENTRIES: dict[str, Entry] = {
                 m, n, k, dtype, layout=layout, fast_accumulation=fast_accumulation
             )().shape
         ),
-        {
-            "m": maybe(ints(1, 48)),
-            "n": maybe(st.sampled_from([16, 32])),
-            "k": maybe(st.sampled_from([16, 32])),
-            "dtype": maybe(st.sampled_from(["bf16", "fp8"])),
-            "layout": maybe(st.sampled_from(ceilings.LAYOUTS)),
-            "fast_accumulation": maybe(st.booleans()),
-        },
-        aliases={
-            "layout": ["fp8"],
-            "dtype": ["fast_accumulation", "fp8", "layout"],
-            "n": ["fp8"],
-            "k": ["fp8"],
-            "fast_accumulation": ["dtype"],
-        },
+        _MATMUL_SHAPES,
+        aliases=_MATMUL_ALIASES,
         examples=30,
     ),
     "ceilings.measure_copy_bandwidth": Entry(
