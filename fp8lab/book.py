@@ -57,11 +57,12 @@ def _glue_one(name: str, value: Any, display: bool, record: dict | None = None) 
     ipy_display({prefix + key: item for key, item in bundle.items()}, raw=True, metadata=metadata)
 
 
-def glue_verdict(name: str, verdict: Any, text: str | None = None) -> None:
+def glue_verdict(name: str, verdict: Any, text: str | None = None) -> Any:
     """Glue a verdict of :mod:`fp8lab.protocol` (a ``Comparison`` or a ``Paired``) as
     ``text`` (default: its ``phrase()``), keeping its ``record()`` with it, so that a re-run of
     the chapter in another GPU session can list what flipped (``python -m tools.lane
-    verdicts``)."""
+    verdicts``). A comparison that flipped in such a re-run is judged against its own floor
+    (:func:`fp8lab.protocol.judged`); the verdict as glued is returned, for tables to show."""
     if not callable(getattr(verdict, "record", None)) or not callable(
         getattr(verdict, "phrase", None)
     ):
@@ -70,7 +71,11 @@ def glue_verdict(name: str, verdict: Any, text: str | None = None) -> None:
         )
     if text is not None and not isinstance(text, str):
         raise TypeError(f"text={checks.show(text)}: must be a string")
+    from fp8lab.protocol import judged  # here: the protocol package imports torch
+
+    verdict = judged(name, verdict)
     _glue_one(name, verdict.phrase() if text is None else text, False, verdict.record())
+    return verdict
 
 
 def _number(value: Any, digits: int) -> float | None:

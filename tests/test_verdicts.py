@@ -6,7 +6,7 @@ import pytest
 
 from fp8lab import protocol
 from fp8lab import stamp as stamp_writer
-from fp8lab.protocol.floor import Floor
+from fp8lab.protocol.floor import FLIPPED, Floor
 from tools import stamps, verdicts
 
 FLOOR = Floor("device", 0.03, 3, 2)
@@ -142,3 +142,55 @@ def test_a_rerun_writes_a_report_and_leaves_the_chapter_as_stamped(tmp_path, mon
     assert (report["held"], report["flipped"]) == (1, 1)
     assert report["stamp"]["code_sha256"] == "abc" and report["rerun"]["executed"]
     assert verdicts.current(chapter, tmp_path / "reports")["flipped"] == 1
+
+
+def _report_with(tmp_path, stamped, rerun):
+    rows = verdicts.compare(verdicts.glued_records(notebook_with(**stamped)),
+                            verdicts.glued_records(notebook_with(**rerun)))
+    report = {"chapters": {"00_x.ipynb": {"verdicts": rows}}}
+    (tmp_path / "20261127-1100_h.json").write_text(json.dumps(report))
+    return tmp_path
+
+
+def test_a_flipped_speed_verdict_gets_its_own_floor_from_both_readings(tmp_path):
+    folder = _report_with(tmp_path, {"tie": speed([1.0, 1.005, 0.998]),
+                                     "gain": speed([1.5, 1.52, 1.49])},
+                          {"tie": speed([1.05, 1.048, 1.046]), "gain": speed([1.5, 1.5, 1.5])})
+    found = verdicts.own_floors(folder)
+    assert list(found) == ["tie"]  # the held verdict keeps its regime's floor
+    high = speed([1.05, 1.048, 1.046]).high
+    assert high - 1 <= found["tie"] < high - 1 + 0.005
+
+
+def test_a_flipped_accuracy_verdict_is_left_to_a_person(tmp_path):
+    folder = _report_with(tmp_path, {"acc": accuracy(0.0)}, {"acc": accuracy(0.05)})
+    with pytest.raises(SystemExit, match="decide it by hand"):
+        verdicts.own_floors(folder)
+
+
+def test_a_comparison_judged_against_its_own_floor_reads_tied_in_both_sessions(monkeypatch):
+    from fp8lab.protocol import floor as floor_module
+
+    before, after = speed([1.0, 1.005, 0.998]), speed([1.05, 1.048, 1.046])
+    assert (before.verdict, after.verdict) == ("tied", "faster")
+    monkeypatch.setitem(floor_module.FLIPPED, "tie", 0.055)
+    for reading in (before, after):
+        again = protocol.judged("tie", reading)
+        assert again.verdict == "tied" and again.floor.own
+        assert "own session floor 5.5%" in again.phrase()
+    assert protocol.judged("other", after) is after
+    assert protocol.judged("tie", accuracy(0.0)).margin == 0.01
+
+
+def test_the_library_holds_the_own_floors_of_the_committed_reports():
+    from fp8lab.protocol.floor import FLIPPED
+
+    assert FLIPPED == verdicts.own_floors(), "run python -m tools.verdicts floors --write"
+
+
+@pytest.mark.parametrize("name", sorted(FLIPPED))
+def test_each_own_floor_belongs_to_one_glued_verdict(name):
+    """Own floors are keyed by glue name, so the name must be glued by one chapter only."""
+    glued_by = [path.name for path in stamps.toc_notebooks()
+                if name in verdicts.glued_records(json.loads(path.read_text()))]
+    assert len(glued_by) == 1, f"{name} is glued by {glued_by or 'no chapter'}"

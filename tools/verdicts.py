@@ -19,10 +19,15 @@ session other than the one that stamped it, and every verdict its prose glues
 The report (one JSON file, ``tests/gpu_results/verdicts/``) names both sessions (GPU, date) and
 the code hash of each chapter, so that a check on the CPU lane can tell whether it still
 describes the committed chapters. The committed notebooks are left as stamped.
+
+A speed verdict that flipped is not re-rolled: ``python -m tools.verdicts floors --write`` gives
+it its own floor in :data:`fp8lab.protocol.floor.FLIPPED` (the widest departure from 1 of either
+session's interval), so that the re-stamped chapter states it as "tied" with that floor.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import math
@@ -34,6 +39,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+FLOOR_MODULE = ROOT / "fp8lab" / "protocol" / "floor.py"
+FLIPPED_PATTERN = re.compile(r"^FLIPPED: dict\[str, float\] = \{.*?^\}\n|"
+                             r"^FLIPPED: dict\[str, float\] = \{\}\n", re.M | re.S)
 FOLDER = ROOT / "tests" / "gpu_results" / "verdicts"
 RERUN_SUFFIX = ".rerun.ipynb"
 STAMP_KEY = "fp8lab"
@@ -188,3 +196,56 @@ def current(path: Path, folder: Path = FOLDER) -> dict | None:
         ):
             return chapter
     return None
+
+
+def own_floors(folder: Path = FOLDER) -> dict[str, float]:
+    """Every speed verdict that flipped in a committed report, with its own floor: the widest
+    departure from 1 that an interval of either session reached, rounded up to half a percent
+    (the largest over the reports). A flipped accuracy verdict is refused: its margin is
+    declared before the runs, so it is re-thought, not widened by a rule."""
+    from fp8lab.protocol.floor import round_up
+
+    found: dict[str, float] = {}
+    for path, report in reports(folder):
+        for chapter, result in report["chapters"].items():
+            for row in result["verdicts"]:
+                if not row["flipped"]:
+                    continue
+                sides = [row["stamped"], row["rerun"]]
+                if row["kind"] != "speed" or None in sides:
+                    raise SystemExit(f"{path.name}: {chapter} {row['name']} flipped and is not "
+                                     "a speed ratio read in both sessions; decide it by hand")
+                ends = [v for side in sides for v in (side["low"], side["high"])]
+                if any(not isinstance(v, (int, float)) or v <= 0 for v in ends):
+                    raise SystemExit(f"{path.name}: {chapter} {row['name']} has no interval")
+                widest = max(max(v, 1 / v) for v in ends) - 1
+                found[row["name"]] = max(found.get(row["name"], 0.0), round_up(widest))
+    return dict(sorted(found.items()))
+
+
+def write_floors(folder: Path = FOLDER) -> dict[str, float]:
+    """Put :func:`own_floors` into :data:`fp8lab.protocol.floor.FLIPPED`."""
+    found = own_floors(folder)
+    lines = ["FLIPPED: dict[str, float] = {", *(f"    {k!r}: {v!r}," for k, v in found.items())]
+    block = "\n".join([*lines, "}"]) + "\n" if found else "FLIPPED: dict[str, float] = {}\n"
+    text, count = FLIPPED_PATTERN.subn(block, FLOOR_MODULE.read_text(), count=1)
+    if count != 1:
+        raise SystemExit(f"no FLIPPED block found in {FLOOR_MODULE}")
+    FLOOR_MODULE.write_text(text)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.verdicts",
+                                     description="Own floors of the verdicts that flipped.")
+    parser.add_argument("action", choices=("floors",))
+    parser.add_argument("--write", action="store_true", help="update the library's table")
+    args = parser.parse_args(argv)
+    found = write_floors() if args.write else own_floors()
+    for name, floor in found.items():
+        print(f"{name:40s} own floor {floor:.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

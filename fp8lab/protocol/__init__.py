@@ -23,7 +23,7 @@ Every verdict carries :meth:`~Comparison.record`, which the glue of the prose ke
 flipped.
 """
 
-from fp8lab.protocol.floor import FLOORS, HOST_BOUND_IDLE, Floor, floor_for
+from fp8lab.protocol.floor import FLOORS, HOST_BOUND_IDLE, Floor, floor_for, floor_of
 from fp8lab.protocol.intervals import (
     detectable_difference,
     mean_interval,
@@ -38,6 +38,7 @@ from fp8lab.protocol.verdicts import (
     TIED,
     Comparison,
     Paired,
+    judged,
     paired,
     paired_summary,
     speed_verdict,
@@ -56,6 +57,8 @@ __all__ = [
     "Rounds",
     "detectable_difference",
     "floor_for",
+    "floor_of",
+    "judged",
     "mean_interval",
     "paired",
     "paired_summary",

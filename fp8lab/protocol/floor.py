@@ -14,6 +14,12 @@ at least two sessions, one of them in three or more), rounded up to half a perce
 * ``device`` -- the GPU sets the step (its idle share under :data:`HOST_BOUND_IDLE`), wall time;
 * ``host`` -- the host sets it (launch-bound steps), wall time; unmeasured regimes use this one;
 * ``kernel`` -- comparisons of the kernels' own time (the host left out), any step.
+
+A chapter's re-run in another session (``python -m tools.lane verdicts``) is a further test of
+the floor. A comparison whose verdict *flipped* there moved by more than its regime's floor, so
+from then on it is judged against its own readings (:data:`FLIPPED`, :func:`floor_of`): its
+floor becomes the widest departure from 1 that an interval of either session reached. Both
+readings then say "tied", with that floor shown, and nothing is re-rolled until it agrees.
 """
 
 from __future__ import annotations
@@ -24,14 +30,15 @@ from dataclasses import dataclass
 from fp8lab import checks
 
 __all__ = [
-    "FLOORS", "HOST_BOUND_IDLE", "PANEL", "REGIMES", "Floor", "floor_for", "floors_from",
-    "largest_move",
+    "FLIPPED", "FLOORS", "HOST_BOUND_IDLE", "PANEL", "REGIMES", "Floor", "floor_for",
+    "floor_of", "floors_from", "largest_move", "round_up",
 ]
 
 REGIMES = ("device", "host", "kernel")
 # The GPU idle share of a step above which the host, not the GPU, sets its time.
 HOST_BOUND_IDLE = 0.25
 SOURCE = "tests/gpu_results/session_floor/ (tools/session_floor.py)"
+OWN_SOURCE = "its own readings in two GPU sessions (tests/gpu_results/verdicts/)"
 
 # comparison -> (regime, {session: estimate of the speed ratio}); written by
 # `python -m tools.session_floor summary` from the committed panel files.
@@ -92,6 +99,7 @@ class Floor:
     sessions: int
     comparisons: int
     source: str = SOURCE
+    own: bool = False  # a comparison's own floor (its verdict flipped), not its regime's
 
     def __post_init__(self):
         checks.choice("regime", self.regime, REGIMES)
@@ -99,7 +107,18 @@ class Floor:
             checks.number("relative", self.relative, non_negative=True)
 
     def __str__(self) -> str:
-        return f"{self.relative:.1%} ({self.regime}, {self.sessions} GPU sessions)"
+        whose = "its own" if self.own else self.regime
+        return f"{self.relative:.1%} ({whose}, {self.sessions} GPU sessions)"
+
+    @property
+    def label(self) -> str:
+        """How a verdict's phrase names this floor."""
+        return "own session floor" if self.own else "session floor"
+
+
+def round_up(relative: float) -> float:
+    """A relative move rounded up to the next half percent (how every floor is stated)."""
+    return math.ceil(relative * 200 - 1e-9) / 200
 
 
 def largest_move(estimates) -> float:
@@ -118,13 +137,19 @@ def floors_from(panel) -> dict[str, Floor]:
         rows = [s for s in rows if len(s) >= 2]
         if not any(len(s) >= 3 for s in rows):
             continue
-        relative = math.ceil(max(largest_move(s.values()) for s in rows) * 200 - 1e-9) / 200
+        relative = round_up(max(largest_move(s.values()) for s in rows))
         sessions = len(set().union(*rows))
         found[regime] = Floor(regime, relative, sessions, len(rows))
     return found
 
 
 FLOORS = floors_from(PANEL)
+
+# glued comparison -> its own floor, because its verdict flipped between two GPU sessions;
+# written by `python -m tools.verdicts floors --write` from the committed re-run reports.
+FLIPPED: dict[str, float] = {
+    'nn_vs_tn_smallest': 0.055,
+}
 
 
 def floor_for(regime: str) -> Floor:
@@ -138,3 +163,16 @@ def floor_for(regime: str) -> Floor:
         widest = max(FLOORS.values(), key=lambda f: f.relative)
         return Floor(regime, widest.relative, widest.sessions, widest.comparisons)
     return Floor(regime, math.inf, 0, 0, "no panel measured yet")
+
+
+def floor_of(name: str, regime: str) -> Floor:
+    """The floor the comparison glued as ``name`` is judged against: its regime's
+    (:func:`floor_for`), or, once its verdict has flipped between two GPU sessions, the larger of
+    that and its own (:data:`FLIPPED`)."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name={name!r}: must be a non-empty string")
+    shared = floor_for(regime)
+    own = FLIPPED.get(name)
+    if own is None or own <= shared.relative:
+        return shared
+    return Floor(regime, own, 2, 1, OWN_SOURCE, own=True)

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fp8lab import checks
-from fp8lab.protocol.floor import Floor
+from fp8lab.protocol.floor import Floor, floor_of
 from fp8lab.protocol.intervals import detectable_difference, mean_interval, ratio_interval
 
-__all__ = ["FASTER", "NOT_RESOLVED", "SLOWER", "TIED", "Comparison", "Paired", "paired",
-           "paired_summary"]
+__all__ = ["FASTER", "NOT_RESOLVED", "SLOWER", "TIED", "Comparison", "Paired", "judged",
+           "paired", "paired_summary"]
 
 FASTER, SLOWER, TIED, NOT_RESOLVED = "faster", "slower", "tied", "not resolved"
 MIN_SEEDS = 5  # the protocol's least number of paired seeds for an accuracy verdict
@@ -103,6 +103,12 @@ class Comparison:
     def verdict(self) -> str:
         return speed_verdict(self.estimate, self.low, self.high, self.floor.relative)
 
+    def against(self, floor: Floor) -> Comparison:
+        """The same rounds judged against another ``floor``."""
+        if not isinstance(floor, Floor):
+            raise TypeError(f"floor: must be a protocol.Floor, not {type(floor).__name__}")
+        return replace(self, floor=floor)
+
     def phrase(self, digits: int = 2) -> str:
         """The verdict as the prose gives it, with its interval and the floor it stood against,
         e.g. ``1.46x faster (95% interval 1.45-1.47x over 7 rounds; session floor 2.0%)``."""
@@ -122,7 +128,7 @@ class Comparison:
             )
         basis = ", kernel time" if self.basis == "kernel" else ""
         floor = self.floor.relative
-        floor = f"session floor {floor:.1%}" if math.isfinite(floor) else "no session floor"
+        floor = f"{self.floor.label} {floor:.1%}" if math.isfinite(floor) else "no session floor"
         return f"{head} ({spread}{basis}; {floor})"
 
     def record(self) -> dict:
@@ -282,3 +288,13 @@ def paired_summary(treated, baseline, *, margin, names=("treated", "baseline"),
         mean, low, high = mean_interval([treated[s] - baseline[s] for s in seeds], confidence)
         verdict = NOT_RESOLVED
     return {"seeds": len(seeds), "mean": mean, "low": low, "high": high, "verdict": verdict}
+
+
+def judged(name: str, verdict):
+    """``verdict`` as the book states it under the name ``name``: a speed comparison whose
+    verdict flipped between two GPU sessions is judged against its own floor
+    (:func:`fp8lab.protocol.floor.floor_of`); anything else is returned as it is."""
+    if not isinstance(verdict, Comparison):
+        return verdict
+    floor = floor_of(name, verdict.regime)
+    return verdict if floor == verdict.floor or not floor.own else verdict.against(floor)
