@@ -183,9 +183,7 @@ def test_a_comparison_judged_against_its_own_floor_reads_tied_in_both_sessions(m
 
 
 def test_the_library_holds_the_own_floors_of_the_committed_reports():
-    from fp8lab.protocol.floor import FLIPPED
-
-    assert FLIPPED == verdicts.own_floors(), "run python -m tools.verdicts floors --write"
+    assert verdicts.own_floors() == FLIPPED, "run python -m tools.verdicts floors --write"
 
 
 @pytest.mark.parametrize("name", sorted(FLIPPED))
