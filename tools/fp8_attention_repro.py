@@ -7,13 +7,33 @@ forward (whose autocast exit updates the delayed-scaling scales); and after sett
 softmax-output scale (META_S) back to 448. Needs a CUDA GPU with Transformer Engine; only
 torch and transformer_engine are imported.
 
+What we think happens. On leaving te.autocast with grad enabled, TE sets scale_S to
+448 / amax_S. cuDNN records amax_S on the softmax output, derived from 1 / row_sum (the
+largest normalized probability), but multiplies the *un-normalized* P = exp(s - rowmax),
+whose largest entry in every row is 1, by scale_S right before the E4M3 cast; the row sum
+that divides the result is taken on the unscaled P. That ordering is stated for the cuDNN
+backend in cudnn-frontend pull request #509 ("Add SM120 per-tensor FP8 (e4m3) SDPA-forward
+engine", https://github.com/NVIDIA/cudnn-frontend/pull/509: "P is multiplied by scale_s
+immediately before the cvt ... Amax_S, which is derived from 1/row_sum"). Every
+un-normalized probability above amax_S then saturates at 448, so the damage grows with
+448 / amax_S. A causal mask is safe because query 0 attends to key 0 alone: amax_S = 1 and
+scale_S stays 448.
+
+The control: --emulate runs the same stages on TE's unfused FP8 emulation
+(NVTE_FUSED_ATTN=0 NVTE_UnfusedDPA_Emulate_FP8=1), where TE's own PyTorch code quantizes the
+normalized probabilities with the same scale_S. If the fused kernel degrades after the
+update and the emulation does not, TE's bookkeeping (amax -> scale) is sound and the
+mismatch is inside the fused kernel.
+
     python tools/fp8_attention_repro.py                    # causal and no_mask
+    python tools/fp8_attention_repro.py --emulate          # the same on TE's emulation
     NVTE_DPA_FP8_RECIPE=DelayedScaling python tools/fp8_attention_repro.py --recipe current
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 MASKS = ("causal", "no_mask")
@@ -27,6 +47,9 @@ def parse(argv):
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--recipe", choices=("delayed", "current"), default="delayed")
+    parser.add_argument(
+        "--emulate", action="store_true", help="run TE's unfused FP8 emulation, not cuDNN"
+    )
     args = parser.parse_args(argv)
     if any(m not in MASKS for m in args.mask):
         parser.error(f"--mask: choose from {MASKS}")
@@ -77,6 +100,8 @@ def reproduce(te, recipes, torch, mask: str, args) -> None:
 
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.emulate:  # read at selection and at every forward: set before the first call
+        os.environ.update({"NVTE_FUSED_ATTN": "0", "NVTE_UnfusedDPA_Emulate_FP8": "1"})
     try:  # TE first: it loads its cuDNN before torch does
         import transformer_engine
         import transformer_engine.pytorch as te
@@ -92,7 +117,7 @@ def main(argv=None) -> int:
     print(
         f"{torch.cuda.get_device_name()} torch {torch.__version__} "
         f"TE {transformer_engine.__version__} cuDNN {torch.backends.cudnn.version()} "
-        f"recipe {args.recipe}"
+        f"recipe {args.recipe}" + (" (unfused FP8 emulation)" if args.emulate else "")
     )
     for mask in args.mask:
         try:
