@@ -117,11 +117,9 @@ def test_capture_guard_puts_the_class_call_back():
             return x
 
     model = Model()
-    with pytest.raises(RuntimeError, match="capture"):
-        with capture_guard(model):
-            Model.__call__ = lambda self, x: x + 1  # what a failed capture leaves
-            raise RuntimeError("capture failed")
+    with pytest.raises(RuntimeError, match="capture"), capture_guard(model):
+        Model.__call__ = lambda self, x: x + 1  # what a failed capture leaves
+        raise RuntimeError("capture failed")
     assert "__call__" not in Model.__dict__ and model(1) == 1
-    with pytest.raises(TypeError, match="model"):
-        with capture_guard("not a module"):
-            pass
+    with pytest.raises(TypeError, match="model"), capture_guard("not a module"):
+        pass
