@@ -6,8 +6,9 @@ the device, the parameter dtype and the two model shapes -- and builds, seeded:
 * :meth:`ModelKit.stack`: L ``te.TransformerLayer``\\ s (``fp8lab.layers.build_layer``), the model
   that is timed and whose memory is read;
 * :meth:`ModelKit.gpt`: the small ``fp8lab.models.GPT`` that trains;
-* both optionally under ``te.quantized_model_init`` (FP8 weights) and with grad mode off;
-* :meth:`ModelKit.adam`: TE's ``FusedAdam`` with FP32 master weights and decoupled gradients.
+* both optionally under ``te.quantized_model_init`` (FP8 weights) and with grad mode off.
+
+The optimizer (TE's ``FusedAdam``) is built in the chapter's cells, where the reader sees it.
 
 :meth:`ModelKit.allocated` and :meth:`ModelKit.fresh` are the memory probes: bytes held by live
 tensors (NaN without a CUDA allocator) and a clean slate before each measurement. Building a
@@ -99,12 +100,6 @@ class ModelKit:
             return GPT(self.gpt_cfg, form="te_layer", te=self.te,
                        params_dtype=params_dtype or self.dtype, device=self.device,
                        hidden_dropout=0.0, attention_dropout=0.0, **kwargs)
-
-    def adam(self, model: torch.nn.Module, lr: float = 1e-4, **options):
-        """TE's ``FusedAdam``: FP32 master weights, reading decoupled (maybe FP32) gradients;
-        ``options`` override (``master_weights``, ``exp_avg_dtype`` ...)."""
-        kwargs = {"lr": lr, "master_weights": True, "use_decoupled_grad": True, **options}
-        return self.te.optimizers.FusedAdam(model.parameters(), **kwargs)
 
 
 def n_params(model: torch.nn.Module) -> int:
