@@ -238,3 +238,19 @@ def test_rounds_keep_the_hosts_time_to_issue_each_round():
     assert min(result.host["a"]) > 1.5  # on a CPU the host's time is the call's
     with pytest.raises(ValueError, match="above 0 ms"):
         protocol.Rounds.from_times({"a": [[0.0], [1.0]], "b": [[1.0], [1.0]]}).compare("a", "b")
+
+
+def test_a_slowdown_is_phrased_in_its_own_terms_interval_included():
+    floor = protocol.Floor("device", 0.03, 3, 2)
+    slow = protocol.Comparison("FP8", "BF16", (0.61, 0.612, 0.609), "wall", "device", floor)
+    assert slow.verdict == "slower"
+    head, interval = slow.phrase().split(" (95% interval ")
+    low, high = (float(v) for v in interval.split("×")[0].split("–"))
+    assert head == f"{1 / slow.estimate:.2f}× slower"
+    assert low <= 1 / slow.estimate <= high and low > 1
+
+
+def test_an_interval_that_rounds_to_one_number_gets_a_digit_more():
+    floor = protocol.Floor("device", 0.03, 3, 2)
+    tight = protocol.Comparison("a", "b", (1.5001, 1.5002, 1.5003), "wall", "device", floor)
+    assert "interval 1.500–1.500×" in tight.phrase()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import re
 import subprocess
@@ -116,6 +117,12 @@ class SelectionLog:
         return keep + ([f"-> {self.error}"] if self.error else [])
 
 
+def not_install_hint(record) -> bool:
+    """A logging filter that drops TE's advice to install the flash-attn package, which says
+    nothing about the selection (TE logs it where cuDNN is switched off)."""
+    return "may provide important feature support" not in record.getMessage()
+
+
 # --- the logging process ------------------------------------------------------------------------
 
 
@@ -208,6 +215,7 @@ def child_main() -> int:  # pragma: no cover - runs on the GPU, in a fresh proce
     import transformer_engine.pytorch as te  # first: TE must load cuDNN before torch does
     from transformer_engine.common import recipe as te_recipe
 
+    logging.getLogger("DotProductAttention").addFilter(not_install_hint)
     device = default_device()
     if device.type == "cuda":
         torch.cuda.init()

@@ -111,7 +111,9 @@ class Comparison:
 
     def phrase(self, digits: int = 2) -> str:
         """The verdict as the prose gives it, with its interval and the floor it stood against,
-        e.g. ``1.46x faster (95% interval 1.45-1.47x over 7 rounds; session floor 2.0%)``."""
+        e.g. ``1.46x faster (95% interval 1.45-1.47x over 7 rounds; session floor 2.0%)``; a
+        slowdown is stated as one, interval included (``1.64x slower (95% interval
+        1.62-1.66x ...)``), and an interval that rounds to one number gets a digit more."""
         checks.integer("digits", digits, minimum=0)
         word = {TIED: "tied at", NOT_RESOLVED: "not resolved at"}.get(self.verdict)
         head = f"{word} {self.estimate:.{digits}f}×" if word else (
@@ -121,9 +123,13 @@ class Comparison:
         )
         if math.isnan(self.low):
             spread = f"{len(self.ratios)} round, no interval"
-        else:
+        else:  # a slowdown's interval in the slowdown's own terms
+            low, high = (
+                (1 / self.high, 1 / self.low) if self.verdict == SLOWER else (self.low, self.high)
+            )
+            shown = digits if f"{low:.{digits}f}" != f"{high:.{digits}f}" else digits + 1
             spread = (
-                f"{self.confidence:.0%} interval {self.low:.{digits}f}–{self.high:.{digits}f}× "
+                f"{self.confidence:.0%} interval {low:.{shown}f}–{high:.{shown}f}× "
                 f"over {len(self.ratios)} rounds"
             )
         basis = ", kernel time" if self.basis == "kernel" else ""
