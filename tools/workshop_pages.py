@@ -1,9 +1,11 @@
 """The workshop pages: write them from the committed notebooks, or check the committed ones.
 
-``python -m tools.workshop_pages write`` writes the generated workshop pages (agendas, exercises,
-the room split, the measured set-up time) from the chapters' stamps and glued outputs, the
-datasheet and the set-up timing file. ``check`` exits 1 when a committed page differs from what
-``write`` would give, or when a chapter's stamped run no longer fits its agenda block.
+``python -m tools.workshop_pages write`` writes the frozen answers the grader reads
+(``fp8lab/workshop/answers.json``) and the generated workshop pages (agendas, exercises, the
+room split, the decision card, the measured set-up time) from the chapters' stamps and glued
+outputs, the datasheet and the set-up timing file; run it after re-stamping a chapter.
+``check`` exits 1 when a committed page or the answers file differs from what ``write``
+would give, or when a chapter no longer fits its agenda block.
 ``time-setup COMMAND`` runs the set-up command on a bare GPU machine, times it, and writes
 ``tests/gpu_results/setup_timing.json`` (only when it succeeds), which the set-up page shows.
 """
@@ -18,13 +20,17 @@ import sys
 import time
 
 from fp8lab.workshop import outputs
-from tools.workshop import pages, plan
+from tools.workshop import freeze, pages, plan
 
 ROOT = outputs.ROOT
 
 
 def write() -> int:
-    """Write every generated page; return 0."""
+    """Write the frozen answers, then every generated page (some read the answers); return 0."""
+    frozen = ROOT / "fp8lab" / "workshop" / "answers.json"
+    if not frozen.is_file() or frozen.read_text() != freeze.frozen_text():
+        frozen.write_text(freeze.frozen_text())
+        print(f"wrote {frozen.relative_to(ROOT)}")
     for relative, text in pages.render().items():
         path = ROOT / relative
         path.parent.mkdir(parents=True, exist_ok=True)
