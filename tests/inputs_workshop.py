@@ -59,8 +59,8 @@ ENTRIES = {
     ),
     "tools.workshop.pages.render": Entry(lambda: len(pages.render()), {}, examples=2),
     "tools.workshop.pages.setup_timing_fragment": Entry(
-        lambda path: len(pages.setup_timing_fragment(path)),
-        {"path": maybe(st.just("tests/gpu_results/no_such_setup_timing.json"))},
+        lambda folder: len(pages.setup_timing_fragment(folder)),
+        {"folder": maybe(st.just("tests/gpu_results"))},
         examples=10,
     ),
 }

@@ -356,15 +356,38 @@ def test_the_room_table_comes_from_the_datasheet():
         assert f"| {name} | {spec.architecture} | {spec.memory_gb:g} |" in page
 
 
-def test_the_set_up_time_is_read_from_its_result_file(tmp_path):
-    path = tmp_path / "setup_timing.json"
-    assert "not yet measured" in pages.setup_timing_fragment(path)
-    record = {"seconds": 312.0, "what": "make setup", "gpu": "NVIDIA H100", "date": "d"}
-    path.write_text(json.dumps(record))
-    assert "5.2 min (312 s)" in pages.setup_timing_fragment(path)
-    path.write_text(json.dumps({"seconds": 1}))
-    with pytest.raises(ValueError, match="path"):
-        pages.setup_timing_fragment(path)
+def test_the_set_up_time_is_read_from_its_result_files(tmp_path):
+    assert "not yet measured" in pages.setup_timing_fragment(tmp_path)
+    steps = [{"step": "fresh virtual environment", "seconds": 2.0},
+             {"step": "offline install", "seconds": 300.0},
+             {"step": "make doctor", "seconds": 10.0}]  # fmt: skip
+    record = {"ok": True, "seconds": 312.0, "gpu": "NVIDIA H100 80GB HBM3, 580.95",
+              "date": "2026-11-28 10:00 UTC", "steps": steps}  # fmt: skip
+    (tmp_path / "setup_bare_h100_20261128.json").write_text(json.dumps(record))
+    failed = {**record, "ok": False, "date": "2026-11-29 10:00 UTC"}
+    (tmp_path / "setup_bare_h100_20261129.json").write_text(json.dumps(failed))
+    text = pages.setup_timing_fragment(tmp_path)
+    assert "5.2 min (312 s)" in text and "offline install 300 s" in text
+    (tmp_path / "setup_bare_bad.json").write_text(json.dumps({"seconds": 1}))
+    with pytest.raises(ValueError, match="folder"):
+        pages.setup_timing_fragment(tmp_path)
+
+
+def test_setup_bare_refuses_a_missing_wheelhouse(tmp_path):
+    from tools import setup_bare
+
+    with pytest.raises(SystemExit):
+        setup_bare.main(["--wheelhouse", str(tmp_path / "none")])
+
+
+def test_the_set_up_targets_exist():
+    text = (outputs.ROOT / "Makefile").read_text()
+    for target in ("doctor:", "wheelhouse:", "install-offline:", "te-wheel:"):
+        assert f"\n{target}" in text, target
+    plan = subprocess.run(["make", "-n", "install-offline", "WHEELHOUSE=/w"], cwd=outputs.ROOT,
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert plan.count("--no-index") >= 3 and "pip download" not in plan
+    assert (outputs.ROOT / ".dockerignore").is_file()
 
 
 def test_the_pip_recipe_pins_the_stack_of_the_newest_stamp():

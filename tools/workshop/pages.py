@@ -17,7 +17,7 @@ from fp8lab.workshop.outputs import ROOT
 from tools.workshop import card, chapters, freeze, plan
 from tools.workshop import notebooks as outputs
 
-SETUP_TIMING = ROOT / "tests" / "gpu_results" / "setup_timing.json"
+RESULTS = ROOT / "tests" / "gpu_results"
 ROOM_GPUS = ("H100 SXM", "H200", "L40S", "RTX 4090")
 HEADER = "<!-- Generated from the committed notebooks by `python -m tools.workshop_pages write`;"
 HEADER += " edit tools/workshop/, not this file. -->\n\n"
@@ -237,23 +237,39 @@ def _stacks() -> str:
     return "; ".join(f"{stack} (chapters {', '.join(keys)})" for stack, keys in stacks.items())
 
 
-def setup_timing_fragment(path: Path = SETUP_TIMING) -> str:
-    """The measured set-up time (a committed result file), or "not yet measured"."""
-    if isinstance(path, bool) or not isinstance(path, (str, Path)):
-        raise TypeError(f"path={checks.show(path)}: must be a file path")
-    path = Path(path)
+def setup_records(folder: Path = RESULTS) -> list[dict]:
+    """The successful bare-machine set-up records (``setup_bare_*.json``), oldest first."""
+    if isinstance(folder, bool) or not isinstance(folder, (str, Path)):
+        raise TypeError(f"folder={checks.show(folder)}: must be a folder path")
+    found = []
+    for path in sorted(Path(folder).glob("setup_bare_*.json")):
+        record = json.loads(path.read_text())
+        try:
+            seconds, ok = float(record["seconds"]), bool(record["ok"])
+            steps = [(str(s["step"]), float(s["seconds"])) for s in record["steps"]]
+            where, date = str(record["gpu"]), str(record["date"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"folder={str(folder)!r}: {path.name} is not a set-up record "
+                             f"({error})") from None  # fmt: skip
+        if ok:
+            found.append({"seconds": seconds, "steps": steps, "gpu": where, "date": date,
+                          "file": path.name})  # fmt: skip
+    return sorted(found, key=lambda r: r["date"])
+
+
+def setup_timing_fragment(folder: Path = RESULTS) -> str:
+    """The newest measured bare-machine set-up (a committed result file), or "not yet
+    measured"."""
+    records = setup_records(folder)
     stacks = f"\n\n**The stacks the book's outputs were measured on:** {_stacks()}.\n"
-    if not path.is_file():
+    if not records:
         return HEADER + "**Measured set-up time:** not yet measured." + stacks
-    record = json.loads(path.read_text())
-    try:
-        seconds, what = float(record["seconds"]), str(record["what"])
-        where, date = str(record["gpu"]), str(record["date"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"path={str(path)!r}: not a set-up timing record ({error})") from None
+    last = records[-1]
+    steps = "; ".join(f"{name} {seconds:.0f} s" for name, seconds in last["steps"])
     return (
-        HEADER + f"**Measured set-up time:** {seconds / 60:.1f} min ({seconds:.0f} s) for "
-        f"`{what}`, on a bare {where} machine, {date}." + stacks
+        HEADER + f"**Measured set-up time:** {last['seconds'] / 60:.1f} min "
+        f"({last['seconds']:.0f} s) from a bare {last['gpu']} machine without network, "
+        f"{last['date']}, by `tools/setup_bare.py` ({last['file']}): {steps}." + stacks
     )
 
 
