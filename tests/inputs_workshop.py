@@ -8,7 +8,7 @@ import hypothesis.strategies as st
 from fp8lab import workshop
 from fp8lab.workshop import answers
 from tests.property_support import Entry, maybe, reals
-from tools.workshop import chapters, pages, plan
+from tools.workshop import chapters, notebooks, pages, plan
 
 CHAPTERS = st.sampled_from(sorted(plan.CHAPTERS))
 GRADED = st.sampled_from(sorted(answers.NUMERIC))
@@ -29,6 +29,13 @@ ENTRIES = {
     "workshop.interval": Entry(
         lambda exercise: workshop.interval(exercise)[:3], {"exercise": maybe(GRADED)}
     ),
+    "workshop.predictions": Entry(lambda: len(workshop.predictions()), {}, examples=2),
+    "workshop.stamp": Entry(
+        lambda chapter: workshop.stamp(chapter)["gpus"], {"chapter": maybe(CHAPTERS)}
+    ),
+    "tools.workshop.notebooks.material": Entry(
+        lambda chapter: notebooks.material(chapter).words, {"chapter": maybe(CHAPTERS)}
+    ),
     "workshop.exercises": Entry(
         lambda chapter: len(workshop.exercises(chapter)), {"chapter": maybe(CHAPTERS)}
     ),
@@ -39,7 +46,8 @@ ENTRIES = {
         lambda chapter: chapters.stamped_run(chapter)["seconds"], {"chapter": maybe(CHAPTERS)}
     ),
     "tools.workshop.plan.need": Entry(
-        lambda chapter: plan.need(chapter), {"chapter": maybe(CHAPTERS)}
+        lambda chapter, focus: plan.need(chapter, focus).total,
+        {"chapter": maybe(CHAPTERS), "focus": maybe(st.booleans())},
     ),
     "tools.workshop.plan.agenda": Entry(
         lambda name: len(plan.agenda(name)),
@@ -51,8 +59,8 @@ ENTRIES = {
     ),
     "tools.workshop.pages.render": Entry(lambda: len(pages.render()), {}, examples=2),
     "tools.workshop.pages.setup_timing_fragment": Entry(
-        lambda path: len(pages.setup_timing_fragment(path)),
-        {"path": maybe(st.just("tests/gpu_results/no_such_setup_timing.json"))},
+        lambda folder: len(pages.setup_timing_fragment(folder)),
+        {"folder": maybe(st.just("tests/gpu_results"))},
         examples=10,
     ),
 }

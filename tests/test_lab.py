@@ -37,4 +37,7 @@ def test_make_lab_registers_the_kernel_and_opens_the_notebooks():
         ["make", "-n", "lab"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
     assert "ipykernel install --sys-prefix --name fp8lab" in plan
-    assert "jupyter lab --notebook-dir=notebooks" in plan
+    assert "jupyter lab --notebook-dir=lab" in plan
+    assert "cp -rn notebooks/. lab/" in plan  # participants work on copies, never overwritten
+    ignored = (ROOT / ".gitignore").read_text().split()
+    assert "lab/" in ignored and "wheelhouse/" in ignored

@@ -1,18 +1,18 @@
-"""What the committed chapters hold for the grader: glued values and exercises.
+"""What the grader holds answers to: the book's values, frozen when the chapters were stamped.
 
-What :func:`fp8lab.workshop.check` holds an answer to is read here from the chapter's committed
-``.ipynb`` (the outputs of its last GPU run), never typed: when a chapter is re-run and
-re-stamped, the graded answers follow. Nothing here imports torch. (The workshop pages read
-more of a chapter, its stamped run time and headings, in ``tools/workshop``.)
+The answers live in ``answers.json`` beside this module, which ships with the package. It is
+written from the committed, GPU-stamped notebooks by ``python -m tools.workshop_pages write``
+(a test fails when it no longer matches them), so the grader never reads ``notebooks/*.ipynb``:
+a participant's own run, autosaved over a chapter, cannot become the "right" answer, and the
+grader works where no ``notebooks/`` folder exists at all. Nothing here imports torch.
 
-A value glued with :func:`fp8lab.book.glue` is stored as a display output whose metadata names
-it (``scrapbook.name``) and whose data is the value's ``text/plain`` form, under the
-``application/papermill.record/`` prefix unless it was displayed.
+For each chapter the file holds where its values were measured (GPU, its datasheet kind, the
+date of the stamp), the glued values the exercises refer to (as the page shows them), and the
+exercises with their hidden answers.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
 import re
@@ -22,8 +22,7 @@ from pathlib import Path
 from fp8lab import checks
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = ROOT / "notebooks"
-_GLUE_MIME = "text/plain"
+FROZEN = Path(__file__).with_name("answers.json")
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
@@ -50,76 +49,66 @@ class Exercise:
     answer: str
 
 
-def chapter_key(chapter) -> str:
-    """The two-digit key of a chapter (``"05"``), checked against the committed notebooks."""
-    if isinstance(chapter, bool) or not isinstance(chapter, (str, int)):
-        raise TypeError(f"chapter={checks.show(chapter)}: must be a key such as '05'")
-    key = f"{chapter:02d}" if isinstance(chapter, int) else chapter
-    if not re.fullmatch(r"\d\d", key) or not list(NOTEBOOKS.glob(f"{key}_*.ipynb")):
-        known = ", ".join(sorted(p.name[:2] for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")))
-        raise ValueError(f"chapter={checks.show(chapter)}: no such chapter (known: {known})")
-    return key
-
-
-def chapter_path(chapter) -> Path:
-    """The committed notebook of ``chapter``."""
-    return sorted(NOTEBOOKS.glob(f"{chapter_key(chapter)}_*.ipynb"))[0]
-
-
-@functools.lru_cache(maxsize=32)
-def _notebook(path: Path, mtime: float) -> dict:
+@functools.lru_cache(maxsize=4)
+def _load(path: Path, mtime: float) -> dict:
     return json.loads(path.read_text())
 
 
-def notebook(chapter) -> dict:
-    """The committed notebook of ``chapter`` as a dict (read once per change of the file)."""
-    path = chapter_path(chapter)
-    return _notebook(path, path.stat().st_mtime)
+def frozen(path: Path | None = None) -> dict:
+    """The frozen answers file as a dict (``path``: another copy of it, for tests)."""
+    path = FROZEN if path is None else Path(path)
+    if not path.is_file():
+        raise ValueError(
+            f"path={str(path)!r}: the frozen answers are missing; reinstall fp8lab "
+            "(the file ships with the package)"
+        )
+    return _load(path, path.stat().st_mtime)
 
 
-def cell_source(cell: dict) -> str:
-    """A notebook cell's source as one string (a notebook stores it as a list of lines)."""
-    source = cell.get("source", "")
-    return "".join(source) if isinstance(source, list) else source
+def chapter_key(chapter) -> str:
+    """The two-digit key of a chapter (``"05"``), checked against the frozen answers."""
+    if isinstance(chapter, bool) or not isinstance(chapter, (str, int)):
+        raise TypeError(f"chapter={checks.show(chapter)}: must be a key such as '05'")
+    key = f"{chapter:02d}" if isinstance(chapter, int) else chapter
+    known = frozen()["chapters"]
+    if key not in known:
+        raise ValueError(
+            f"chapter={checks.show(chapter)}: no such chapter (known: {', '.join(sorted(known))})"
+        )
+    return key
 
 
-def _plain(text) -> str:
-    text = "".join(text) if isinstance(text, list) else str(text)
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-    return value if isinstance(value, str) else text
+def stamp(chapter) -> dict:
+    """Where the chapter's values were measured: ``gpu``, ``kind`` (its datasheet name, or
+    the GPU's own name where the datasheet has none), ``gpus``, ``date`` and ``notebook``."""
+    entry = frozen()["chapters"][chapter_key(chapter)]
+    return {k: entry[k] for k in ("gpu", "kind", "gpus", "date", "notebook")}
 
 
 def glued(chapter) -> dict[str, str]:
-    """Every value the chapter's committed outputs glue, by name, as the page shows it."""
-    values = {}
-    for cell in notebook(chapter)["cells"]:
-        for output in cell.get("outputs", []):
-            name = (output.get("metadata") or {}).get("scrapbook", {}).get("name")
-            if not name:
-                continue
-            data = output.get("data", {})
-            text = next((v for k, v in data.items() if k.endswith(_GLUE_MIME)), None)
-            if text is not None:
-                values[name] = _plain(text)
-    return values
+    """The frozen values of the chapter the exercises refer to, by glue name, as shown."""
+    return dict(frozen()["chapters"][chapter_key(chapter)]["glued"])
 
 
 def glued_text(chapter, name: str, used_by: str = "") -> str:
-    """One glued value; a name the committed outputs no longer glue raises ``ValueError`` that
-    says which chapter, glue name and user (``used_by``: an exercise, an agenda block)."""
+    """One frozen value; a name the file does not hold raises ``ValueError`` that says which
+    chapter, glue name and user (``used_by``: an exercise, an agenda block)."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"name={checks.show(name)}: must be a glue name")
     values = glued(chapter)
     if name not in values:
         who = f"{used_by} reads" if used_by else "reading"
         raise ValueError(
-            f"name={name!r}: {who} glue {name!r}, which chapter {chapter_key(chapter)}'s "
-            f"committed outputs ({chapter_path(chapter).name}) no longer hold"
+            f"name={name!r}: {who} glue {name!r}, which the frozen answers of chapter "
+            f"{chapter_key(chapter)} do not hold (re-freeze after re-stamping the chapter)"
         )
     return values[name]
+
+
+def exercises(chapter) -> list[Exercise]:
+    """The chapter's own exercises, frozen with its outputs."""
+    rows = frozen()["chapters"][chapter_key(chapter)]["exercises"]
+    return [Exercise(row["key"], row["question"], row["answer"]) for row in rows]
 
 
 def reading(text: str) -> Reading:
@@ -137,34 +126,3 @@ def reading(text: str) -> Reading:
     is_range = len(found) >= 2 and text[found[0].end() : found[1].start()].strip() in "–-"
     low, high = (min(values[:2]), max(values[:2])) if is_range else (values[0], values[0])
     return Reading(text, values[0], low, high, half)
-
-
-def _exercise_markdown(chapter) -> str:
-    """The markdown from ``## Exercises`` to the next ``#``/``##`` heading (code cells skipped)."""
-    parts, inside = [], False
-    for cell in notebook(chapter)["cells"]:
-        if cell["cell_type"] != "markdown":
-            continue
-        text = cell_source(cell)
-        if not inside and "## Exercises" in text:
-            inside, text = True, text.split("## Exercises", 1)[1]
-        elif inside and re.search(r"^##? ", text, re.MULTILINE):
-            parts.append(re.split(r"^##? ", text, flags=re.MULTILINE)[0])
-            break
-        if inside:
-            parts.append(text)
-    return "\n".join(parts)
-
-
-def exercises(chapter) -> list[Exercise]:
-    """The chapter's own exercises: each numbered question with its dropdown answer."""
-    key = chapter_key(chapter)
-    pattern = re.compile(
-        r"^(\d+)\.\s+(.*?)\n:::\{admonition\} Answer\n:class: dropdown\n(.*?)\n:::",
-        re.MULTILINE | re.DOTALL,
-    )
-    found = []
-    for match in pattern.finditer(_exercise_markdown(key)):
-        question = " ".join(line.strip() for line in match.group(2).strip().splitlines())
-        found.append(Exercise(f"{key}.{match.group(1)}", question, match.group(3).strip()))
-    return found

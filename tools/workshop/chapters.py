@@ -1,18 +1,15 @@
 """What the workshop pages read of a committed chapter beyond its graded answers: the stamped
 run time, the title and headings, and glue roles filled in with the committed values.
 
-The graded answers themselves (glued values, exercises) are read by
-:mod:`fp8lab.workshop.outputs`, the participant-facing side; this module builds on it.
+The glued values and exercises are read by :mod:`tools.workshop.notebooks`; this module
+builds on it.
 """
 
 from __future__ import annotations
 
 import re
 
-from fp8lab import checks
-from fp8lab.workshop import outputs
-
-_GLUE_ROLE = re.compile(r"\{glue(?::text)?\}`([^`]+)`")
+from tools.workshop import notebooks as outputs
 
 
 def stamped_run(chapter) -> dict:
@@ -55,15 +52,11 @@ def sections(chapter) -> list[str]:
     return found
 
 
-def glue_names(markdown: str) -> list[str]:
-    """The glue names a piece of MyST markdown refers to, in order."""
-    if not isinstance(markdown, str):
-        raise TypeError(f"markdown={checks.show(markdown)}: must be a string")
-    return _GLUE_ROLE.findall(markdown)
+glue_names = outputs.glue_names
 
 
 def resolve(markdown: str, chapter, used_by: str = "") -> str:
     """``markdown`` with each ``{glue:text}`name``` replaced by the chapter's committed value."""
-    names = glue_names(markdown)
+    names = outputs.glue_names(markdown)
     values = {name: outputs.glued_text(chapter, name, used_by) for name in names}
-    return _GLUE_ROLE.sub(lambda m: values[m.group(1)], markdown)
+    return outputs.GLUE_ROLE.sub(lambda m: values[m.group(1)], markdown)

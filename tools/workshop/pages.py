@@ -12,13 +12,15 @@ import json
 from pathlib import Path
 
 from fp8lab import checks, datasheet
-from fp8lab.workshop import answers, outputs
-from tools.workshop import chapters, plan
+from fp8lab.workshop import answers
+from fp8lab.workshop.outputs import ROOT
+from tools.workshop import card, chapters, freeze, plan
+from tools.workshop import notebooks as outputs
 
-SETUP_TIMING = outputs.ROOT / "tests" / "gpu_results" / "setup_timing.json"
+RESULTS = ROOT / "tests" / "gpu_results"
 ROOM_GPUS = ("H100 SXM", "H200", "L40S", "RTX 4090")
-_HEADER = "<!-- Generated from the committed notebooks by `python -m tools.workshop_pages write`;"
-_HEADER += " edit tools/workshop/, not this file. -->\n\n"
+HEADER = "<!-- Generated from the committed notebooks by `python -m tools.workshop_pages write`;"
+HEADER += " edit tools/workshop/, not this file. -->\n\n"
 
 
 def _link(key: str) -> str:
@@ -42,10 +44,11 @@ def _agenda_rows(name: str) -> list[list[str]]:
         if block.chapter is None:
             rows.append([when, block.activity, block.minutes, "", "", "", ""])
             continue
-        need = plan.need(block.chapter)
+        need = plan.need(block.chapter, block.focus)
         title = chapters.title(block.chapter).split(":")[0].replace("`", "")
         key = block.chapter
-        rows.append([when, f"{{ref}}`{key} · {title} <workshop-block-{key}>`",
+        part = " (its focus)" if block.focus else ""
+        rows.append([when, f"{{ref}}`{key} · {title} <workshop-block-{key}>`{part}",
                      block.minutes, f"{need.seconds:.0f} s", need.reading,
                      need.exercises, block.minutes - need.total])  # fmt: skip
     return rows
@@ -68,6 +71,7 @@ def _block(key: str) -> list[str]:
     lines += [
         f"- **Run** {_link(key)} top to bottom (Run All): {need.seconds:.0f} s stamped on "
         f"{need.gpu}{gpus}. Its sections: " + "; ".join(chapters.sections(key)) + ".",
+        f"- **Read:** {_material(need)}{_focus(key)}.",
         f"- **Predict first:** {chapter.predict}.",
         f"- **Discuss:** {chapter.discuss}",
         f"- **Exercises:** {{ref}}`{key}.1 onwards <workshop-exercises-{key}>`.",
@@ -77,15 +81,35 @@ def _block(key: str) -> list[str]:
     return lines + _expected(key)
 
 
+def _material(need: plan.Need) -> str:
+    m = need.material
+    return (f"{m.words:,} words, {m.code_lines} visible code lines, {m.tables} tables and "
+            f"{m.figures} figures: {need.reading} min")  # fmt: skip
+
+
+def _focus(key: str) -> str:
+    if key not in plan.FOCUS:
+        return ""
+    sections, _ = plan.FOCUS[key]
+    focused = plan.need(key, focus=True)
+    return ("; its focus (short agendas): the opening and " + "; ".join(sections)
+            + f", {_material(focused)}")
+
+
 def agendas_page() -> str:
     """The four agendas, then each chapter block's plan and expected numbers."""
-    lines = [_HEADER + "# Agendas", ""]
+    lines = [HEADER + "# Agendas", ""]
     lines += [
         "Each chapter block needs the chapter's run on the `full` preset, in the seconds its "
-        "GPU stamp records (counted as whole minutes, rounded up), plus the reading and "
-        "exercise minutes; *Slack* is what is left of the block for discussion. A test fails "
-        "when a re-stamped chapter no longer fits its block. Every block starts with "
-        "`python -m fp8lab.doctor` already run ({doc}`setup`); the welcome block is where "
+        "GPU stamp records (counted as whole minutes, rounded up), plus its reading minutes, "
+        "derived from what it reads of the chapter (prose at "
+        f"{plan.RATES['words']:.0f} words, code at {plan.RATES['code_lines']:.0f} visible "
+        f"lines, {plan.RATES['tables']:.0f} tables and {plan.RATES['figures']:.0f} figure a "
+        f"minute), plus {plan.EXERCISE_MINUTES} minutes per exercise; *Slack* is what is left "
+        "of the block for discussion. A block marked *its focus* reads the chapter's opening "
+        "and the sections its block below names, and does its first exercise. A test fails "
+        "when a re-stamped or rewritten chapter no longer fits its block. Every block starts "
+        "with `make doctor` already run ({doc}`setup`); the welcome block is where "
         "the last `FAIL`s get fixed ({doc}`instructor`).",
         "",
     ]
@@ -102,27 +126,38 @@ def agendas_page() -> str:
 def _grader_note(key: str) -> str:
     if key not in answers.NUMERIC:
         return ""
+    rule, call = answers.NUMERIC[key], f'`fp8lab.workshop.check("{key}", answer)`'
     expected, low, high, basis = answers.interval(key)
-    unit = answers.NUMERIC[key].unit
-    return (
-        f"\n\n*Graded:* `fp8lab.workshop.check(\"{key}\", answer)` accepts "
-        f"{low:.4g}–{high:.4g} {unit} (book: {expected:.4g}; {basis})."
-    )
+    if rule.kind == "prediction":
+        return (f"\n\n*Recorded, not graded:* {call} records a prediction and shows the "
+                f"book's value ({expected:.4g} {rule.unit}) beside it.")
+    note = (f"\n\n*Graded:* {call} accepts {low:.4g}–{high:.4g} {rule.unit} "
+            f"(book: {expected:.4g}; {basis})")
+    if rule.kind == "measured":
+        _, far_low, far_high, _ = answers.interval(key, same_kind=False)
+        note += (f" on a GPU of the book's kind; on another kind, {far_low:.4g}–"
+                 f"{far_high:.4g} {rule.unit} ({rule.across_reason})")
+    return note + "."
 
 
 def exercises_page() -> str:
     """Every chapter's exercises with hidden answers, the book's numbers filled in."""
-    lines = [_HEADER + "# Exercises and answers", ""]
+    lines = [HEADER + "# Exercises and answers", ""]
     lines += [
         "Each chapter's own exercises, with the prediction exercises of the agendas. Numbers in "
-        "the answers are the committed outputs of the chapters' last GPU run; a numeric answer "
-        "can be checked with `fp8lab.workshop.check`, which accepts the book's value within its "
-        "measured spread (or a declared tolerance, with its reason).",
+        "the answers are the committed outputs of the chapters' last GPU run, frozen into the "
+        "file the grader reads (`fp8lab/workshop/answers.json`). `fp8lab.workshop.check` "
+        "grades an exact answer against the book's value, a measured one within the book's "
+        "spread on a GPU of the book's kind or a stated cross-machine factor on another kind "
+        "(it says which), and records a prediction beside the book's value without grading "
+        "it. A grade never shows the expected value; it names a slip by 10^3, 10^6 or 100.",
         "",
     ]
     for key in plan.CHAPTERS:
         lines += [f"(workshop-exercises-{key})=", f"## Chapter {key}: {chapters.title(key)}", ""]
-        for exercise in answers.exercises(key):
+        own = outputs.exercises(key)
+        extra = [e for e in answers.exercises(key) if e.key in answers.EXTRA]
+        for exercise in own + extra:
             where = f"exercise {exercise.key}"
             question = chapters.resolve(exercise.question, key, where)
             answer = chapters.resolve(exercise.answer, key, where) + _grader_note(exercise.key)
@@ -165,7 +200,7 @@ def _room_sentences() -> list[str]:
 
 def rooms_page() -> str:
     """How the GPU kinds of a mixed room differ, from the datasheet."""
-    lines = [_HEADER + "# Splitting a room across GPU kinds", ""]
+    lines = [HEADER + "# Splitting a room across GPU kinds", ""]
     lines += ["Dense datasheet peaks of the kinds a room is likely to mix, from "
               "`fp8lab.datasheet` (its sources are NVIDIA's datasheets and whitepapers); the "
               f"ridge points are in FLOP per byte, and the last two columns compare each kind "
@@ -202,23 +237,39 @@ def _stacks() -> str:
     return "; ".join(f"{stack} (chapters {', '.join(keys)})" for stack, keys in stacks.items())
 
 
-def setup_timing_fragment(path: Path = SETUP_TIMING) -> str:
-    """The measured set-up time (a committed result file), or "not yet measured"."""
-    if isinstance(path, bool) or not isinstance(path, (str, Path)):
-        raise TypeError(f"path={checks.show(path)}: must be a file path")
-    path = Path(path)
+def setup_records(folder: Path = RESULTS) -> list[dict]:
+    """The successful bare-machine set-up records (``setup_bare_*.json``), oldest first."""
+    if isinstance(folder, bool) or not isinstance(folder, (str, Path)):
+        raise TypeError(f"folder={checks.show(folder)}: must be a folder path")
+    found = []
+    for path in sorted(Path(folder).glob("setup_bare_*.json")):
+        record = json.loads(path.read_text())
+        try:
+            seconds, ok = float(record["seconds"]), bool(record["ok"])
+            steps = [(str(s["step"]), float(s["seconds"])) for s in record["steps"]]
+            where, date = str(record["gpu"]), str(record["date"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"folder={str(folder)!r}: {path.name} is not a set-up record "
+                             f"({error})") from None  # fmt: skip
+        if ok:
+            found.append({"seconds": seconds, "steps": steps, "gpu": where, "date": date,
+                          "file": path.name})  # fmt: skip
+    return sorted(found, key=lambda r: r["date"])
+
+
+def setup_timing_fragment(folder: Path = RESULTS) -> str:
+    """The newest measured bare-machine set-up (a committed result file), or "not yet
+    measured"."""
+    records = setup_records(folder)
     stacks = f"\n\n**The stacks the book's outputs were measured on:** {_stacks()}.\n"
-    if not path.is_file():
-        return _HEADER + "**Measured set-up time:** not yet measured." + stacks
-    record = json.loads(path.read_text())
-    try:
-        seconds, what = float(record["seconds"]), str(record["what"])
-        where, date = str(record["gpu"]), str(record["date"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"path={str(path)!r}: not a set-up timing record ({error})") from None
+    if not records:
+        return HEADER + "**Measured set-up time:** not yet measured." + stacks
+    last = records[-1]
+    steps = "; ".join(f"{name} {seconds:.0f} s" for name, seconds in last["steps"])
     return (
-        _HEADER + f"**Measured set-up time:** {seconds / 60:.1f} min ({seconds:.0f} s) for "
-        f"`{what}`, on a bare {where} machine, {date}." + stacks
+        HEADER + f"**Measured set-up time:** {last['seconds'] / 60:.1f} min "
+        f"({last['seconds']:.0f} s) from a bare {last['gpu']} machine without network, "
+        f"{last['date']}, by `tools/setup_bare.py` ({last['file']}): {steps}." + stacks
     )
 
 
@@ -229,4 +280,6 @@ def render() -> dict[str, str]:
         "workshop/exercises.md": exercises_page(),
         "workshop/rooms.md": rooms_page(),
         "workshop/_setup_timing.md": setup_timing_fragment(),
+        "workshop/decision-card.md": card.card_page(),
+        "fp8lab/workshop/answers.json": freeze.frozen_text(),
     }

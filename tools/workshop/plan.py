@@ -1,12 +1,15 @@
 """The workshop's plan: what each chapter block asks of participants, and four timed agendas.
 
 A chapter block's time is its **run time** (the GPU lane's stamped seconds for the whole chapter
-on the ``full`` preset, rounded up to minutes) plus the **reading** and **exercise** minutes
-declared here; the agenda allots each block a fixed number of minutes, and
+on the ``full`` preset, rounded up to minutes) plus its **reading** minutes, derived from what
+the block reads of the committed chapter (words, visible code lines, tables and figures, at the
+rates :data:`RATES` declares), plus its **exercise** minutes (:data:`EXERCISE_MINUTES` per
+exercise done). A short agenda reads only some of a chapter's sections (``Block.sections``).
+The agenda allots each block a fixed number of minutes, and
 :func:`over_budget` lists every block whose need exceeds its allotment (a test keeps it empty,
 so a chapter that grows slower after a re-run cannot silently overrun its block).
 The expected numbers are glue names; their values come from the committed outputs
-(:mod:`fp8lab.workshop.outputs`), never from here; the run times from the stamps
+(:mod:`tools.workshop.notebooks`), never from here; the run times from the stamps
 (:func:`tools.workshop.chapters.stamped_run`).
 """
 
@@ -16,21 +19,26 @@ import math
 from dataclasses import dataclass
 
 from fp8lab import checks
-from fp8lab.workshop import outputs
-from tools.workshop import chapters
+from tools.workshop import chapters, notebooks
+
+# Reading rates, each with its reason. Prose: 150 words a minute, below the ~240 of silent
+# reading of non-fiction, because the chapters' prose carries numbers, formulas and API names.
+# Code: 20 visible lines a minute (3 s a line: read, not typed; the cells run by Run All).
+# A table: half a minute; a figure: a minute (axes, legend, what the text says of it).
+RATES = {"words": 150.0, "code_lines": 20.0, "tables": 2.0, "figures": 1.0}
+# An exercise: 4 minutes (read, compute or look up, compare with the hidden answer).
+EXERCISE_MINUTES = 4
 
 START = 9 * 60  # each day starts at 09:00
 
 
 @dataclass(frozen=True)
 class Chapter:
-    """What one chapter block asks: minutes to read and to do the exercises, the prediction made
-    before running, the discussion question, the expected numbers (label, glue name, glue name
-    of its spread or ``None``), and what changes without a GPU."""
+    """What one chapter block asks: the prediction made before running, the discussion
+    question, the expected numbers (label, glue name, glue name of its spread or ``None``),
+    and what changes without a GPU."""
 
     key: str
-    reading: int
-    exercises: int
     predict: str
     discuss: str
     expected: tuple[tuple[str, str, str | None], ...]
@@ -44,7 +52,7 @@ CPU_FALLBACK = (
 CHAPTERS: dict[str, Chapter] = {
     c.key: c
     for c in (
-        Chapter("00", 10, 10,
+        Chapter("00",
                 "your GPU's BF16 and FP8 GEMM rates from its datasheet, and the FP8/BF16 ratio",
                 "Why does FP8's 2x on paper shrink at the layer's real shapes?",
                 (("BF16 ceiling (TFLOP/s)", "bf16_ceiling", "bf16_spread"),
@@ -52,14 +60,14 @@ CHAPTERS: dict[str, Chapter] = {
                  ("FP8/BF16 at the FC1 GEMM", "fp8_speedup_fc1", None),
                  ("copy bandwidth (TB/s)", "bw_ceiling", None),
                  ("FP8 ridge point (FLOP/byte)", "ridge_fp8", None))),
-        Chapter("01", 10, 10,
+        Chapter("01",
                 "the share of a real gradient's values that flush to zero in E4M3 unscaled",
                 "Why one scale per tensor, and not one scale shared by all layers?",
                 (("E4M3 maximum", "e4m3_max", None),
                  ("E5M2 maximum", "e5m2_max", None),
                  ("gradients flushed to zero in E4M3, unscaled", "grad_underflow_e4m3", None),
                  ("E5M2 error, own scale (median)", "grad_e5m2_own_median", None))),
-        Chapter("02", 12, 10,
+        Chapter("02",
                 "which recipe makes the layer fastest, and whether FP8 ends inside BF16's band",
                 "When would you pick current scaling over delayed scaling, and why block?",
                 (("delayed scaling over BF16", "speedup_delayed", None),
@@ -67,7 +75,7 @@ CHAPTERS: dict[str, Chapter] = {
                  ("block scaling over BF16", "speedup_block", None),
                  ("BF16 seed band of the final loss", "band", None),
                  ("output error at the spike, delayed", "spike_delayed", None))),
-        Chapter("03", 20, 15,
+        Chapter("03",
                 "the step-time speed-up of each form of the layer in FP8 over BF16",
                 "Why does the whole layer gain less than its GEMMs do?",
                 (("BF16 baseline step (ms)", "baseline_ms", None),
@@ -77,7 +85,7 @@ CHAPTERS: dict[str, Chapter] = {
                  ("hidden sizes where FP8 loses", "fp8_loses_at", None)),
                 "On a CPU, FP8 attention, CUDA graphs and `torch.compile` are skipped, each "
                 "with a label."),
-        Chapter("04", 12, 10,
+        Chapter("04",
                 "the layer's MFU in BF16 and in FP8",
                 "Which peak is the honest denominator of an FP8 run's MFU?",
                 (("layer in BF16 (TFLOP/s)", "layer_bf16_tflops", None),
@@ -85,22 +93,23 @@ CHAPTERS: dict[str, Chapter] = {
                  ("FP8 over BF16", "fp8_over_bf16", None),
                  ("GPT-3 on 1024 GPUs, BF16 (days)", "gpt3_bf16_days", None),
                  ("the same in FP8 (days)", "gpt3_fp8_days", None))),
-        Chapter("05", 15, 10,
-                "how much faster fused attention is than the math path, and where FP8 pays",
+        Chapter("05",
+                "which backend TE picks by default, and what one scaling update does to FP8 "
+                "attention's error with and without a causal mask",
                 "Why does FP8 attention's error weigh more than its speed?",
-                (("fastest backend", "top_backend", None),
-                 ("its rate (TFLOP/s)", "top_tflops", None),
-                 ("math path over TE at S = 4096", "math_vs_te_4k", None),
-                 ("FP8 attention pays from", "fp8_pays_from", None)),
+                (("default backend, from TE's log", "log_default", None),
+                 ("SDPA rival that tied or beat TE", "rival", None),
+                 ("FP8 attention error, causal, after an update", "causal_after", None),
+                 ("FP8 attention error, no mask, after an update", "nomask_after", None)),
                 "On a CPU the FP8 attention rows stay empty."),
-        Chapter("06", 15, 12,
+        Chapter("06",
                 "the bytes per parameter of an FP8 weight at rest and during training",
                 "When do FP8 weights save memory, and when do they save only time?",
                 (("fastest setting over BF16 (step time)", "fastest_vs_bf16", None),
                  ("peak memory change", "peak_change", None),
                  ("fastest setting", "fastest", None)),
                 "On a CPU the device-memory rows stay empty."),
-        Chapter("07", 12, 12,
+        Chapter("07",
                 "a training step's peak memory, and the event where it happens",
                 "Which lever lowers the peak most for the least time?",
                 (("bytes per parameter, mixed-precision Adam", "classic", None),
@@ -109,7 +118,7 @@ CHAPTERS: dict[str, Chapter] = {
                  ("full recompute: slower by", "full_slower", None)),
                 "Its measured memory comes from committed GPU results, shown beside the "
                 "estimate."),
-        Chapter("08", 15, 15,
+        Chapter("08",
                 "DDP's scaling efficiency over two GPUs, in BF16 and in FP8",
                 "Why does FP8 lower the scaling efficiency at the same batch?",
                 (("DDP efficiency over rounds, BF16", "fair_ddp_bf16", None),
@@ -119,7 +128,7 @@ CHAPTERS: dict[str, Chapter] = {
                 "It needs two GPUs of one box: give those boxes to pairs. Without them it runs "
                 "on two CPU processes; the context-parallel and Userbuffers rows need GPUs and "
                 "come from the page."),
-        Chapter("09", 15, 15,
+        Chapter("09",
                 "whether FP8 trains as well as BF16, and whether it pays on each model",
                 "What would make FP8 pay on the small model, and at what cost?",
                 (("small model: TE delayed FP8 over TE BF16", "small_te_delayed_x",
@@ -133,17 +142,38 @@ CHAPTERS: dict[str, Chapter] = {
 }  # fmt: skip
 
 
+# What a short agenda keeps of a chapter: the sections read (heading prefixes; the chapter's
+# opening is always read) and the exercises done (the first ones, the prediction included).
+FOCUS: dict[str, tuple[tuple[str, ...], int]] = {
+    "00": (("Measured: matrix products", "Ceilings"), 1),
+    "01": (("Why scaling",), 1),
+    "02": (("The recipes", "Step time", "Training curves"), 1),
+    "03": (("Step time of each form", "The fastest form", "When FP8 does not pay"), 1),
+    "04": (("MFU and HFU", "Arithmetic intensity"), 1),
+    "05": (("Which backend runs", "Speed", "How to choose"), 1),
+    "06": (("1. Where the weight bytes live", "2. Training with FP8 weights"), 1),
+    "07": (("Where the bytes go", "Activations, recompute"), 1),
+    "09": (("Does FP8 train", "How much faster"), 1),
+}
+
+
 @dataclass(frozen=True)
 class Block:
-    """One block of an agenda: ``minutes`` allotted, and a chapter key or an activity."""
+    """One block of an agenda: ``minutes`` allotted, and a chapter key or an activity;
+    ``focus`` reads only the chapter's :data:`FOCUS` sections and does its exercises."""
 
     minutes: int
     chapter: str | None = None
     activity: str = ""
+    focus: bool = False
 
 
-def _c(minutes: int, key: str) -> Block:
-    return Block(minutes, key)
+def _c(minutes: int, key: str, focus: bool = False) -> Block:
+    return Block(minutes, key, focus=focus)
+
+
+def _f(minutes: int, key: str) -> Block:
+    return Block(minutes, key, focus=True)
 
 
 def _a(minutes: int, activity: str) -> Block:
@@ -152,31 +182,37 @@ def _a(minutes: int, activity: str) -> Block:
 
 _WELCOME = "Welcome; everyone runs the doctor"
 _CARD = "The decision card; questions"
+_FORMATS = (
+    "Formats and scaling in ten minutes: E4M3 and E5M2, one scale per tensor, delayed "
+    "against current scaling (the figures of chapters 01 and 02), which chapter 03 and the "
+    "decision card assume"
+)
 AGENDAS: dict[str, tuple[str, tuple[tuple[Block, ...], ...]]] = {
     "taster": ("Taster", (
-        (_a(10, _WELCOME), _c(25, "00"), _c(45, "03"), _a(10, _CARD)),)),
+        (_a(10, _WELCOME), _f(25, "00"), _a(10, _FORMATS), _f(35, "03"), _a(10, _CARD)),)),
     "session": ("Half day", (
-        (_a(15, _WELCOME), _c(25, "00"), _c(25, "01"), _c(30, "02"), _a(10, "Break"),
-         _c(45, "03"), _c(25, "04"), _a(5, _CARD)),)),
+        (_a(15, _WELCOME), _f(25, "00"), _f(20, "01"), _f(30, "02"), _a(10, "Break"),
+         _f(40, "03"), _f(25, "04"), _a(15, _CARD)),)),
     "day": ("Full day", (
-        (_a(20, _WELCOME), _c(25, "00"), _c(25, "01"), _c(30, "02"), _a(15, "Break"),
-         _c(45, "03"), _c(25, "04"), _a(60, "Lunch"), _c(35, "05"), _c(35, "06"),
-         _a(15, "Break"), _c(30, "07"), _c(40, "09"), _a(20, _CARD)),)),
+        (_a(15, _WELCOME), _f(25, "00"), _f(20, "01"), _f(30, "02"), _a(15, "Break"),
+         _f(40, "03"), _f(25, "04"), _a(45, "Lunch"), _f(35, "05"), _f(60, "06"),
+         _a(15, "Break"), _f(25, "07"), _f(20, "09"), _a(20, _CARD)),)),
     "course": ("Two days, with the two-GPU chapter", (
-        (_a(30, _WELCOME + "; set-up problems fixed"), _c(40, "00"), _c(40, "01"),
-         _a(15, "Break"), _c(45, "02"), _a(60, "Lunch"), _c(60, "03"), _a(15, "Break"),
-         _c(40, "04"), _a(20, "Review of day 1")),
-        (_a(15, "Recap; the doctor on the two-GPU boxes"), _c(45, "05"), _c(45, "06"),
-         _a(15, "Break"), _c(40, "07"), _a(60, "Lunch"), _c(50, "08"), _a(15, "Break"),
-         _c(50, "09"), _a(30, _CARD + "; what to measure at home")),
+        (_a(30, _WELCOME + "; set-up problems fixed"), _c(45, "00"), _c(40, "01"),
+         _a(15, "Break"), _c(55, "02"), _a(60, "Lunch"), _c(90, "03"), _a(15, "Break"),
+         _c(50, "04"), _a(20, "Review of day 1")),
+        (_a(15, "Recap; the doctor on the two-GPU boxes"), _c(85, "05"), _a(15, "Break"),
+         _c(120, "06"), _a(45, "Lunch"), _c(60, "07"), _c(75, "08"), _a(10, "Break"),
+         _c(55, "09"), _a(20, _CARD + "; what to measure at home")),
     )),
 }  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Need:
-    """Minutes a chapter block needs: ``run`` (stamped seconds, rounded up), ``reading``,
-    ``exercises``; ``seconds``, ``gpu`` and ``gpus`` say where the run time was stamped."""
+    """Minutes a chapter block needs: ``run`` (stamped seconds, rounded up), ``reading``
+    (derived from ``material``), ``exercises``; ``seconds``, ``gpu`` and ``gpus`` say where
+    the run time was stamped."""
 
     chapter: str
     seconds: float
@@ -185,22 +221,44 @@ class Need:
     run: int
     reading: int
     exercises: int
+    material: notebooks.Material
 
     @property
     def total(self) -> int:
         return self.run + self.reading + self.exercises
 
 
-def need(chapter) -> Need:
-    """The minutes ``chapter`` needs, its run time read from its notebook's stamp."""
-    key = outputs.chapter_key(chapter)
+def reading_minutes(material: notebooks.Material) -> int:
+    """Minutes to read ``material`` at :data:`RATES` (rounded up)."""
+    if not isinstance(material, notebooks.Material):
+        raise TypeError(f"material={checks.show(material)}: must be a notebooks.Material")
+    minutes = (material.words / RATES["words"] + material.code_lines / RATES["code_lines"]
+               + material.tables / RATES["tables"] + material.figures / RATES["figures"])
+    return max(1, math.ceil(minutes))
+
+
+def _exercise_count(key: str) -> int:
+    from fp8lab.workshop import answers
+
+    return len(notebooks.exercises(key)) + sum(e.startswith(key + ".") for e in answers.EXTRA)
+
+
+def need(chapter, focus: bool = False) -> Need:
+    """The minutes ``chapter`` needs (only its :data:`FOCUS` with ``focus``), its run time read
+    from its notebook's stamp and its reading time from its committed text."""
+    key = notebooks.chapter_key(chapter)
     if key not in CHAPTERS:
         raise ValueError(f"chapter={key!r}: the workshop plan has no block for it")
+    if not isinstance(focus, bool):
+        raise TypeError(f"focus={checks.show(focus)}: must be True or False")
+    if focus and key not in FOCUS:
+        raise ValueError(f"focus=True: chapter {key} has no focus declared in FOCUS")
     stamped = chapters.stamped_run(key)
-    plan = CHAPTERS[key]
+    sections, done = FOCUS[key] if focus else (None, _exercise_count(key))
+    material = notebooks.material(key, sections)
     run = max(1, math.ceil(stamped["seconds"] / 60))
-    return Need(key, stamped["seconds"], stamped["gpu"], stamped["gpus"], run, plan.reading,
-                plan.exercises)  # fmt: skip
+    return Need(key, stamped["seconds"], stamped["gpu"], stamped["gpus"], run,
+                reading_minutes(material), done * EXERCISE_MINUTES, material)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -241,7 +299,7 @@ def over_budget() -> list[str]:
         for slot in agenda(name):
             if slot.block.chapter is None:
                 continue
-            wanted = need(slot.block.chapter)
+            wanted = need(slot.block.chapter, slot.block.focus)
             if wanted.total > slot.block.minutes:
                 problems.append(
                     f"{name}, day {slot.day}, chapter {wanted.chapter}: needs {wanted.total} min "
