@@ -11,6 +11,7 @@ from tests.property_support import Entry, ints, maybe, reals
 
 _FLOOR = protocol.Floor("device", 0.02, 3, 1)
 _RATIOS = st.lists(reals(0.5, 2.0), min_size=1, max_size=6)
+_NAMES = st.sampled_from(["fp8_vs_bf16_fc1", "nn_vs_tn_smallest"])  # one with its own floor
 _SEEDS = st.dictionaries(st.integers(0, 9), reals(0.5, 5.0), min_size=1, max_size=8)
 
 
@@ -45,6 +46,16 @@ ENTRIES = {
     "protocol.floor_for": Entry(
         lambda regime: protocol.floor_for(regime).regime,
         {"regime": maybe(st.sampled_from(["device", "host", "kernel"]))},
+    ),
+    "protocol.floor_of": Entry(
+        lambda name, regime: protocol.floor_of(name, regime).relative,
+        {"name": maybe(_NAMES), "regime": maybe(st.sampled_from(["device", "host", "kernel"]))},
+    ),
+    "protocol.judged": Entry(
+        lambda name, ratios: protocol.judged(
+            name, protocol.Comparison("a", "b", ratios, "wall", "device", _FLOOR)
+        ).estimate,
+        {"name": maybe(_NAMES), "ratios": maybe(_RATIOS.map(tuple))},
     ),
     "protocol.Floor": Entry(
         lambda relative: str(protocol.Floor("device", relative, 3, 1)),
