@@ -93,15 +93,20 @@ def glued(chapter) -> dict[str, str]:
 def glued_text(chapter, name: str, used_by: str = "") -> str:
     """One frozen value; a name the file does not hold raises ``ValueError`` that says which
     chapter, glue name and user (``used_by``: an exercise, an agenda block)."""
+    return pick(glued, chapter, name, used_by, "the frozen answers of chapter {chapter} do not "
+                "hold (re-freeze after re-stamping the chapter)")
+
+
+def pick(values_of, chapter, name: str, used_by: str, missing: str) -> str:
+    """``values_of(chapter)[name]``, or a ``ValueError`` naming the glue, its user and where
+    it is ``missing`` (a sentence with a ``{chapter}`` field)."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"name={checks.show(name)}: must be a glue name")
-    values = glued(chapter)
+    values = values_of(chapter)
     if name not in values:
         who = f"{used_by} reads" if used_by else "reading"
-        raise ValueError(
-            f"name={name!r}: {who} glue {name!r}, which the frozen answers of chapter "
-            f"{chapter_key(chapter)} do not hold (re-freeze after re-stamping the chapter)"
-        )
+        where = missing.format(chapter=chapter_key(chapter))
+        raise ValueError(f"name={name!r}: {who} glue {name!r}, which {where}")
     return values[name]
 
 

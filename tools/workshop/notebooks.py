@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fp8lab import checks
-from fp8lab.workshop.outputs import ROOT, Exercise
+from fp8lab.workshop.outputs import ROOT, Exercise, pick
 
 NOTEBOOKS = ROOT / "notebooks"
 _GLUE_MIME = "text/plain"
@@ -87,16 +87,8 @@ def glued(chapter) -> dict[str, str]:
 def glued_text(chapter, name: str, used_by: str = "") -> str:
     """One glued value; a name the committed outputs no longer glue raises ``ValueError`` that
     says which chapter, glue name and user (``used_by``: an exercise, an agenda block)."""
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"name={checks.show(name)}: must be a glue name")
-    values = glued(chapter)
-    if name not in values:
-        who = f"{used_by} reads" if used_by else "reading"
-        raise ValueError(
-            f"name={name!r}: {who} glue {name!r}, which chapter {chapter_key(chapter)}'s "
-            f"committed outputs ({chapter_path(chapter).name}) no longer hold"
-        )
-    return values[name]
+    where = f"chapter {{chapter}}'s committed outputs ({chapter_path(chapter).name}) no longer hold"
+    return pick(glued, chapter, name, used_by, where)
 
 
 def glue_names(markdown: str) -> list[str]:
