@@ -131,7 +131,7 @@ def test_a_graded_answer_is_the_one_the_page_shows(key):
     expected = answers.interval(key)[0]
     page = pages.exercises_page()
     assert f'check("{key}", answer)`' in page
-    assert f"{expected:.4g}" in page
+    assert pages.number_text(expected) in page
 
 
 @pytest.mark.parametrize("key", GRADED)

@@ -131,13 +131,24 @@ def _grader_note(key: str) -> str:
     if rule.kind == "prediction":
         return (f"\n\n*Recorded, not graded:* {call} records a prediction and shows the "
                 f"book's value ({expected:.4g} {rule.unit}) beside it.")
-    note = (f"\n\n*Graded:* {call} accepts {low:.4g}–{high:.4g} {rule.unit} "
-            f"(book: {expected:.4g}; {basis})")
+    note = (f"\n\n*Graded:* {call} accepts {_span(low, high)} {rule.unit} "
+            f"(book: {number_text(expected)}; {basis})")
     if rule.kind == "measured":
         _, far_low, far_high, _ = answers.interval(key, same_kind=False)
-        note += (f" on a GPU of the book's kind; on another kind, {far_low:.4g}–"
-                 f"{far_high:.4g} {rule.unit} ({rule.across_reason})")
+        note += (f" on a GPU of the book's kind; on another kind, "
+                 f"{_span(far_low, far_high)} {rule.unit} ({rule.across_reason})")
     return note + "."
+
+
+def number_text(value: float) -> str:
+    """A value as the pages print it: from 1,000 up whole, with separators; else 4 digits."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def _span(low: float, high: float) -> str:
+    """An accepted range, or the one value when both ends agree as printed."""
+    low, high = number_text(low), number_text(high)
+    return low if low == high else f"{low}–{high}"
 
 
 def exercises_page() -> str:
