@@ -3,37 +3,16 @@ of ``fp8lab.flops`` (imported by tests/test_inputs.py)."""
 
 from __future__ import annotations
 
-import os
-
 import hypothesis.strategies as st
 import torch
 
-from fp8lab import attention, flops, reference
+from fp8lab import attention, flops
 from tests.property_support import Entry, ints, maybe
 
 MASKS = st.sampled_from(flops.ATTENTION_MASKS)
 WINDOWS = st.sampled_from([None, (-1, -1), (-1, 0), (0, 0), (7, 0), (3, 5), (64, 0)])
 SHAPE = attention.AttentionShape(1, 16, 2, 8, groups=1)
-FAST = {"warmup": 0, "iters": 2, "profile": False}
 DEVICES = st.sampled_from([None, "cpu", torch.device("cpu")])
-TE = reference  # what fp8lab.import_te() returns first without a GPU: a module with TE's names
-
-
-_ROUNDS = attention.interleaved_rounds(
-    {"a": lambda: None, "b": lambda: sum(range(100))}, rounds=2, iters=1, warmup_s=0.0,
-    device="cpu",
-)
-
-
-def _probe(te, shape):
-    """The arguments are checked first; then, without a GPU, fp8_dpa is refused."""
-    try:
-        return attention.probe_softmax_scale(
-            te, lambda: TE.DelayedScaling(fp8_dpa=True), shape, device="cpu"
-        )
-    except NotImplementedError as error:
-        assert "GPU" in str(error)
-        return "refused on a CPU"
 
 
 def _qkv(groups, kv_dtype):
@@ -54,47 +33,13 @@ def _explicit(groups, kv_dtype, mask, window_size, dropout_p):
     )
 
 
-def _sdpa(groups, kv_dtype, mask, window_size, dropout_p):
-    return attention.sdpa_attention(
-        *_qkv(groups, kv_dtype), mask=mask, window_size=window_size, dropout_p=dropout_p
-    )
-
-
 def _shape(batch, seq, heads, head_dim, groups, mask, window_size, dropout):
     return attention.AttentionShape(
         batch, seq, heads, head_dim, groups, mask, window_size, dropout
     ).flops()
 
 
-def _context(backend, env):
-    with attention.backend_context(backend, env=env):
-        inside = os.environ.get("NVTE_FUSED_ATTN")
-    return inside
-
-
-def _capture(level):
-    with attention.capture_te_log(level) as lines:
-        pass
-    return lines
-
-
-def _run(backend, mode, iters, warmup):
-    return attention.run_attention(
-        lambda: lambda x: x * 2,
-        lambda: (torch.randn(4, requires_grad=True),),
-        backend=backend,
-        mode=mode,
-        iters=iters,
-        warmup=warmup,
-        profile=False,
-    ).median_ms
-
-
-def _result(backend, status, label):
-    return attention.AttentionResult(label=label, backend=backend, status=status).as_row()["status"]
-
-
-# explicit_attention and sdpa_attention take the same arguments and share their rules
+# explicit_attention's arguments and their rules
 ATTENTION_CALL = {
     "args": {
         "groups": maybe(st.sampled_from([1, 2, 4])),
@@ -134,8 +79,6 @@ ENTRIES = {
         },
         aliases={"heads": ["groups"], "groups": ["heads"]},
     ),
-    "attention.BACKENDS": Entry(lambda: len(attention.BACKENDS), {}, examples=2),
-    "attention.EXPECTED_FAMILY": Entry(lambda: len(attention.EXPECTED_FAMILY), {}, examples=2),
     "attention.AttentionShape": Entry(
         _shape,
         {
@@ -160,48 +103,6 @@ ENTRIES = {
         },
     ),
     "attention.explicit_attention": Entry(_explicit, **ATTENTION_CALL),
-    "attention.sdpa_attention": Entry(_sdpa, **ATTENTION_CALL),
-    "attention.backend_context": Entry(
-        _context,
-        {
-            "backend": maybe(st.sampled_from(list(attention.BACKENDS))),
-            "env": maybe(st.sampled_from([None, {"NVTE_FP8_DPA_BWD": "0"}])),
-        },
-        examples=20,
-    ),
-    "attention.capture_te_log": Entry(
-        _capture, {"level": maybe(st.sampled_from(["DEBUG", "INFO", "WARNING"]))}, examples=10
-    ),
-    "attention.run_attention": Entry(
-        _run,
-        {
-            "backend": maybe(st.sampled_from(["explicit", "sdpa_auto", "te_auto"])),
-            "mode": maybe(st.sampled_from(["forward", "forward_backward"])),
-            "iters": maybe(ints(2, 4)),
-            "warmup": maybe(ints(0, 2)),
-        },
-        examples=10,
-    ),
-    "attention.measure": Entry(
-        lambda backend, shape, te, device: attention.measure(
-            backend, shape, te, device=device, **FAST
-        ),
-        {
-            "backend": maybe(st.sampled_from(["explicit", "sdpa_math", "sdpa_flash"])),
-            "shape": maybe(st.just(SHAPE)),
-            "te": maybe(st.sampled_from([None, TE])),
-            "device": maybe(DEVICES),
-        },
-        examples=12,
-    ),
-    "attention.AttentionResult": Entry(
-        _result,
-        {
-            "backend": maybe(st.sampled_from(list(attention.BACKENDS))),
-            "status": maybe(st.sampled_from(["refused", "out of memory", "skipped"])),
-            "label": maybe(st.just("row")),
-        },
-    ),
     "attention.SelectionLog": Entry(
         lambda title: attention.SelectionLog(title, error="x").summary(),
         {"title": maybe(st.just("case"))},
@@ -230,85 +131,5 @@ ENTRIES = {
             "seed": maybe(ints(0, 5)),
         },
         examples=12,
-    ),
-    "attention.paired_interval": Entry(
-        lambda first, second, margin, confidence: attention.paired_interval(
-            first, second, margin=margin, confidence=confidence
-        )["verdict"],
-        {
-            "first": maybe(st.just({0: 1.0, 1: 1.2, 2: 0.9})),
-            "second": maybe(st.just({0: 1.1, 1: 1.1, 2: 1.0})),
-            "margin": maybe(st.sampled_from([0.01, 0.5])),
-            "confidence": maybe(st.sampled_from([0.9, 0.95])),
-        },
-        aliases={"first": ["seeds"], "second": ["seeds"]},
-        examples=12,
-    ),
-    "attention.flex_step": Entry(
-        lambda shape, compile: attention.flex_step(shape, device="cpu", compile=compile)(),
-        {"shape": maybe(st.just(SHAPE)), "compile": maybe(st.sampled_from([None, False]))},
-        examples=6,
-    ),
-    "attention.probe_softmax_scale": Entry(
-        _probe, {"te": maybe(st.just(TE)), "shape": maybe(st.just(SHAPE))}, examples=6
-    ),
-    "attention.row_errors": Entry(
-        lambda actual, expected: float(attention.row_errors(actual, expected).sum()),
-        {
-            "actual": maybe(st.sampled_from([torch.ones(1, 3, 4), torch.zeros(1, 3, 4)])),
-            "expected": maybe(st.just(torch.ones(1, 3, 4))),
-        },
-        examples=8,
-    ),
-    "attention.backend_step": Entry(
-        lambda backend, shape: attention.backend_step(backend, shape, device="cpu")(),
-        {
-            "backend": maybe(st.sampled_from(["explicit", "sdpa_math", "sdpa_flash"])),
-            "shape": maybe(st.just(SHAPE)),
-        },
-        examples=8,
-    ),
-    "attention.interleaved_rounds": Entry(
-        lambda rounds, iters, warmup_s: len(
-            attention.interleaved_rounds(
-                {"a": lambda: None, "b": lambda: None},
-                rounds=rounds,
-                iters=iters,
-                warmup_s=warmup_s,
-                device="cpu",
-            )
-        ),
-        {
-            "rounds": maybe(ints(2, 3)),
-            "iters": maybe(ints(1, 2)),
-            "warmup_s": maybe(st.sampled_from([0.0, 0.01])),
-        },
-        examples=6,
-    ),
-    "attention.round_summary": Entry(
-        lambda frame: len(attention.round_summary(frame)),
-        {"frame": maybe(st.just(_ROUNDS))},
-        examples=4,
-    ),
-    "attention.beyond_spread": Entry(
-        lambda first_ms, second_ms, spread: attention.beyond_spread(
-            first_ms, second_ms, 0.01, spread
-        ),
-        {
-            "first_ms": maybe(st.sampled_from([1.0, 1.2])),
-            "second_ms": maybe(st.sampled_from([1.0])),
-            "spread": maybe(st.sampled_from([0.0, 0.1])),
-        },
-        examples=6,
-    ),
-    "attention.refusal_reason": Entry(
-        attention.refusal_reason,
-        {"error": maybe(st.sampled_from([ValueError("No backend. Please run."), KeyError()]))},
-        examples=4,
-    ),
-    "attention.faster": Entry(
-        lambda first, second: attention.faster(attention.round_summary(_ROUNDS), first, second),
-        {"first": maybe(st.sampled_from(["a", "b"])), "second": maybe(st.sampled_from(["a"]))},
-        examples=6,
     ),
 }

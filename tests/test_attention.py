@@ -1,22 +1,17 @@
 """Attention: FLOPs against FlopCounterMode, the CPU reference's masks and windows against plain
-PyTorch, and the backend helper (rows, refusals, out-of-memory, TE's cache and log plumbing, the
-checks of its inputs).
+PyTorch, and chapter 05's kit (the shape of a problem, standard attention, the copy task, TE's
+selection log from a fresh process, the checks of their inputs).
 
-The GPU tests at the end (``-m gpu``) check on real TE that switching backends inside one
-process really switches them (the profiler's kernel names), that the selection log comes back
-from a fresh process, and that the reference's sliding windows match TE's.
+The GPU tests at the end (``-m gpu``) check on real TE that the selection log comes back from a
+fresh process and that the reference's sliding windows match TE's.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
-import sys
-import types
 import warnings
 
-import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -347,16 +342,6 @@ def test_forward_arguments_override_the_constructor_like_te():
 # --- explicit and SDPA attention ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("groups", [A, 2])
-@pytest.mark.parametrize(("mask", "window"), WINDOWS)
-def test_explicit_and_sdpa_attention_agree(mask, window, groups):
-    q, k, v = qkv(groups)
-    torch.testing.assert_close(
-        attention.sdpa_attention(q, k, v, mask=mask, window_size=window),
-        attention.explicit_attention(q, k, v, mask=mask, window_size=window),
-    )
-
-
 def test_attention_shape_label_and_inputs():
     shape = attention.AttentionShape(2, 64, 8, 16, groups=2, window_size=(15, 0))
     assert shape.label == "B=2 S=64 A=8 G=2 (GQA) D=16 causal window 15"
@@ -374,11 +359,10 @@ def test_attention_shape_label_and_inputs():
 # --- the backend helper -------------------------------------------------------------------------
 
 SMALL = attention.AttentionShape(1, 32, 2, 8)
-FAST = {"warmup": 0, "iters": 2}
 
 
-@pytest.mark.parametrize("attend", [attention.explicit_attention, attention.sdpa_attention])
-def test_q_k_v_of_different_dtypes_or_devices_are_refused_by_name(attend):
+def test_q_k_v_of_different_dtypes_or_devices_are_refused_by_name():
+    attend = attention.explicit_attention
     q, k, v = qkv(2)
     with pytest.raises(TypeError, match="k has dtype torch.float32 and q torch.float64"):
         attend(q, k.float(), v)
@@ -393,9 +377,9 @@ def test_q_k_v_of_different_dtypes_or_devices_are_refused_by_name(attend):
     [
         lambda device: SMALL.make_inputs(device=device),
         lambda device: attention.window_mask(8, device=device),
-        lambda device: attention.measure("explicit", SMALL, device=device, **FAST),
+        lambda device: attention.copy_batches(8, 1, 4, 1, device=device),
     ],
-    ids=["make_inputs", "window_mask", "measure"],
+    ids=["make_inputs", "window_mask", "copy_batches"],
 )
 def test_device_names_a_machine_cannot_serve_are_refused(call):
     with pytest.raises(ValueError, match="device='gpu'"):
@@ -407,93 +391,13 @@ def test_device_names_a_machine_cannot_serve_are_refused(call):
         call(1.5)
 
 
-def test_te_and_recipe_swapped_are_recognised():
-    import fp8lab
-
-    te, recipe = fp8lab.import_te()
-    for wrong in (recipe, recipe.DelayedScaling(), recipe.DelayedScaling):
-        with pytest.raises(TypeError, match="is the recipe module or a recipe, not te"):
-            attention.measure("te_fused", SMALL, wrong, **FAST)
-    with pytest.raises(TypeError, match="te='te': must be the module"):
-        attention.measure("explicit", SMALL, "te", **FAST)
-    with pytest.raises(TypeError, match=r"\['recipe'\]=.* is the te module"):
-        attention.te_selection_logs([{"shape": SMALL, "recipe": te}])
-    with pytest.raises(TypeError, match="is the recipe module or a recipe: name the recipe"):
-        attention.te_selection_logs([{"shape": SMALL, "recipe": recipe.DelayedScaling()}])
-    assert attention.measure("explicit", SMALL, te, **FAST).ok
-
-
-def test_inputs_factory_must_return_tensors():
-    with pytest.raises(ValueError, match="make_inputs\\(\\) returned no tensor"):
-        attention.run_attention(lambda: lambda: None, lambda: (), backend="explicit", **FAST)
-    with pytest.raises(TypeError, match="make_inputs\\(\\)\\[0\\] must be a torch.Tensor"):
-        attention.run_attention(lambda: lambda x: x, lambda: ([1.0],), backend="explicit", **FAST)
-
-
 def test_the_package_shows_its_modules_names():
     for name in attention.__all__:
         value = getattr(attention, name)
         home = getattr(value, "__module__", "fp8lab.attention.")
         assert home.startswith("fp8lab.attention.") or not callable(value), (name, home)
-    assert attention.backend_context is attention.backends.backend_context
-    assert attention.measure is attention.run.measure
-
-
-def test_rows_name_what_ran_on_the_cpu():
-    math_row = attention.measure("sdpa_math", SMALL, **FAST)
-    assert math_row.ok and math_row.family == profiling.UNFUSED and math_row.confirmed
-    flash_row = attention.measure("sdpa_flash", SMALL, **FAST)
-    assert flash_row.family == profiling.FLASH_TORCH and flash_row.confirmed
-    explicit_row = attention.measure("explicit", SMALL, **FAST)
-    assert explicit_row.confirmed and explicit_row.tflops > 0
-    row = explicit_row.as_row()
-    assert row["status"] == "ok" and row["S"] == 32 and row["ms"] > 0
-
-
-def test_a_refused_backend_is_a_row_with_the_reason():
-    if torch.cuda.is_available():
-        pytest.skip("on a GPU the efficient kernel runs")
-    row = attention.measure("sdpa_efficient", SMALL, **FAST)
-    assert row.status == "refused" and "No viable backend" in row.reason
-    assert math.isnan(row.median_ms) and row.confirmed is None
-    te_row = attention.run_attention(
-        lambda: None, lambda: (), backend="te_fused", label="x", **FAST
-    )
-    assert te_row.status == "refused" and "needs Transformer Engine" in te_row.reason
-
-
-def test_te_refusal_and_out_of_memory_become_rows_and_bugs_do_not():
-    def raising(error):
-        def fn(*inputs):
-            raise error
-
-        return lambda: fn
-
-    inputs = lambda: (torch.randn(2, requires_grad=True),)  # noqa: E731
-    refused = attention.run_attention(
-        raising(ValueError("No dot product attention backend is available for the inputs.")),
-        inputs,
-        backend="explicit",
-        **FAST,
-    )
-    assert refused.status == "refused" and "No dot product attention backend" in refused.reason
-    oom = attention.run_attention(
-        raising(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64 GiB")),
-        inputs,
-        backend="explicit",
-        **FAST,
-    )
-    assert oom.status == "out of memory" and "64 GiB" in oom.reason
-    with pytest.raises(ValueError, match="a bug"):
-        attention.run_attention(raising(ValueError("a bug")), inputs, backend="explicit", **FAST)
-
-
-def test_forward_mode_and_module_parameters():
-    layer = torch.nn.Linear(8, 8)
-    row = attention.run_attention(
-        lambda: layer, lambda: (torch.randn(4, 8),), backend="explicit", mode="forward", **FAST
-    )
-    assert row.ok and layer.weight.grad is None
+    assert attention.te_selection_logs is attention.logs.te_selection_logs
+    assert attention.explicit_attention is attention.functional.explicit_attention
 
 
 @pytest.mark.parametrize(
@@ -538,62 +442,8 @@ def test_kernel_families(names, family):
     assert profiling.kernel_family(names) == family
 
 
-@pytest.fixture
-def fake_te(monkeypatch):
-    """Stand-ins for TE's attention module and its logging utilities."""
-    module = types.ModuleType(attention.backends._TE_MODULE)
-    module._attention_backends = {
-        "attention_params": "cached",
-        "backend_selection_requires_update": False,
-    }
-    utils = types.ModuleType(attention.logs._TE_UTILS)
-    utils.AttentionLogging = type("AttentionLogging", (), {"_log_level": logging.WARNING})
-    monkeypatch.setitem(sys.modules, attention.backends._TE_MODULE, module)
-    monkeypatch.setitem(sys.modules, attention.logs._TE_UTILS, utils)
-    return module, utils
-
-
-def test_backend_context_sets_switches_invalidates_and_restores(fake_te, monkeypatch):
-    module, _ = fake_te
-    monkeypatch.setenv("NVTE_FUSED_ATTN", "1")
-    monkeypatch.delenv("NVTE_UNFUSED_ATTN", raising=False)
-    with attention.backend_context("te_unfused", env={"NVTE_FP8_DPA_BWD": "0"}):
-        assert os.environ["NVTE_FUSED_ATTN"] == "0" and os.environ["NVTE_UNFUSED_ATTN"] == "1"
-        assert os.environ["NVTE_FP8_DPA_BWD"] == "0"
-        assert module._attention_backends["backend_selection_requires_update"] is True
-        assert module._attention_backends["attention_params"] is None
-        module._attention_backends["backend_selection_requires_update"] = False  # TE selected
-    assert os.environ["NVTE_FUSED_ATTN"] == "1" and "NVTE_UNFUSED_ATTN" not in os.environ
-    assert "NVTE_FP8_DPA_BWD" not in os.environ
-    assert module._attention_backends["backend_selection_requires_update"] is True
-
-
-def test_backend_context_pins_sdpa():
-    q = torch.randn(1, 2, 16, 8)
-    with attention.backend_context("sdpa_efficient"):
-        if not torch.cuda.is_available():
-            with pytest.raises(RuntimeError, match="No viable backend"):
-                F.scaled_dot_product_attention(q, q, q)
-    F.scaled_dot_product_attention(q, q, q)  # restored
-
-
-def test_capture_te_log_collects_and_restores(fake_te):
-    _, utils = fake_te
-    logger = logging.getLogger("DotProductAttention")
-    before = (list(logger.handlers), logger.level, logger.propagate)
-    with attention.capture_te_log("DEBUG") as lines:
-        assert utils.AttentionLogging._log_level == logging.DEBUG
-        logger.debug("Selected backend = FusedAttention (sub-backend 1).")
-    assert lines == [
-        "[DEBUG    | DotProductAttention]: Selected backend = FusedAttention (sub-backend 1)."
-    ]
-    assert attention.logs._selected(lines) == "FusedAttention (sub-backend 1)"
-    assert utils.AttentionLogging._log_level == logging.WARNING
-    assert (list(logger.handlers), logger.level, logger.propagate) == before
-
-
 def test_selection_logs_without_te_say_so():
-    if attention.backends._uses_real_te():
+    if attention.logs._uses_real_te():
         pytest.skip("TE runs here")
     logs = attention.te_selection_logs([{"shape": SMALL, "title": "small"}])
     assert logs[0].title == "small" and "needs Transformer Engine" in logs[0].error
@@ -638,10 +488,14 @@ def test_selection_logs_parse_what_a_fresh_process_prints(tmp_path, monkeypatch)
     (package / "common").mkdir()
     (package / "__init__.py").write_text("")
     (package / "pytorch" / "__init__.py").write_text(FAKE_TE)
+    selection = package / "pytorch" / "attention" / "dot_product_attention"
+    selection.mkdir(parents=True)
+    (package / "pytorch" / "attention" / "__init__.py").write_text("")
+    (selection / "__init__.py").write_text("_attention_backends = {}\n")  # TE's cache
     (package / "common" / "__init__.py").write_text("")
     (package / "common" / "recipe.py").write_text("from fp8lab.reference.recipe import *\n")
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    monkeypatch.setattr(attention.backends, "_uses_real_te", lambda: True)
+    monkeypatch.setattr(attention.logs, "_uses_real_te", lambda: True)
     logs = attention.te_selection_logs(
         [
             {"shape": SMALL, "title": "default"},
@@ -659,6 +513,16 @@ def test_selection_logs_parse_what_a_fresh_process_prints(tmp_path, monkeypatch)
     assert "NVTE_FUSED_ATTN" not in os.environ
 
 
+def test_a_recipe_is_named_not_passed():
+    import fp8lab
+
+    te, recipe = fp8lab.import_te()
+    with pytest.raises(TypeError, match=r"\['recipe'\]=.* is the te module"):
+        attention.te_selection_logs([{"shape": SMALL, "recipe": te}])
+    with pytest.raises(TypeError, match="is the recipe module or a recipe: name the recipe"):
+        attention.te_selection_logs([{"shape": SMALL, "recipe": recipe.DelayedScaling()}])
+
+
 def test_selection_log_cases_are_checked():
     with pytest.raises(TypeError, match="shape"):
         attention.te_selection_logs([{"shape": "big"}])
@@ -667,29 +531,6 @@ def test_selection_log_cases_are_checked():
 
 
 # --- on a GPU with TE ------------------------------------------------------------------------------
-
-
-@pytest.mark.gpu
-def test_te_backends_switch_inside_one_process():
-    import fp8lab
-
-    te, _ = fp8lab.import_te()
-    shape = attention.AttentionShape(1, 1024, 8, 64)
-    rows = [
-        attention.measure(backend, shape, te, warmup=1, iters=3)
-        for backend in ("te_fused", "te_unfused", "te_fused", "te_unfused")
-    ]
-    assert [r.confirmed for r in rows] == [True] * 4, [(r.family, r.kernels[:3]) for r in rows]
-    assert rows[0].te_selected.startswith("FusedAttention (sub-backend 1)")
-    assert rows[1].te_selected == "UnfusedDotProductAttention"
-
-
-@pytest.mark.gpu
-def test_sdpa_pins_run_the_named_kernels():
-    shape = attention.AttentionShape(1, 1024, 8, 64)
-    for backend in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math"):
-        row = attention.measure(backend, shape, warmup=1, iters=3)
-        assert row.confirmed, (backend, row.status, row.reason, row.kernels[:3])
 
 
 @pytest.mark.gpu
@@ -722,74 +563,6 @@ def test_reference_windows_match_te(mask, window):
     expected = reference(q.double(), k.double(), v.double())
     got = real(q.cuda(), k.cuda(), v.cuda()).double().cpu()
     assert ((got - expected).norm() / expected.norm()).item() < 1e-2
-
-
-def test_one_noise_rule_for_every_faster(measured_floors):
-    # 1.0 ms against 1.2 ms, range from the larger spread: beyond the 5% host floor
-    assert attention.beyond_spread(1.2, 1.0, 0.05, 0.1)
-    assert not attention.beyond_spread(1.05, 1.0, 0.02, 0.1)  # inside the larger spread
-    assert not attention.beyond_spread(1.04, 1.0, 0.01)  # outside the spread, inside the floor
-    assert not attention.beyond_spread(1.0, 1.0, 0.0)
-    with pytest.raises(ValueError, match="spreads"):
-        attention.beyond_spread(1.0, 2.0)
-    with pytest.raises(ValueError, match="spreads"):
-        attention.beyond_spread(1.0, 2.0, -0.1)
-
-
-def test_no_faster_without_a_measured_floor(monkeypatch):
-    from fp8lab.protocol import floor
-
-    monkeypatch.setattr(floor, "FLOORS", {})
-    assert not attention.beyond_spread(2.0, 1.0, 0.01)
-
-
-def test_rounds_of_backends_go_through_the_protocol(measured_floors):
-    import time
-
-    steps = {"quick": lambda: time.sleep(0.001), "slow": lambda: time.sleep(0.004)}
-    frame = attention.interleaved_rounds(steps, rounds=4, iters=2, warmup_s=0.0, device="cpu")
-    assert list(frame["backend"]) == ["quick", "slow", "slow", "quick"] * 2  # order reversed
-    assert frame["kernel ms"].isna().all()  # no kernel time on a CPU
-    summary = attention.round_summary(frame)
-    assert list(summary.columns) == ["kernel ms", "spread", "wall ms", "host ms"]
-    assert summary.loc["slow", "wall ms"] > 2 * summary.loc["quick", "wall ms"]
-    verdict = attention.faster(summary, "quick", "slow")
-    assert verdict.startswith("quick against slow: ") and " faster (95% interval" in verdict
-    assert "session floor 5.0%" in verdict  # wall time on a CPU: the host floor
-    with pytest.raises(TypeError, match="summary"):  # a table without its rounds
-        attention.faster(pd.DataFrame(summary.to_dict()), "quick", "slow")
-    with pytest.raises(ValueError, match="second"):
-        attention.faster(summary, "quick", "none")
-
-
-def test_paired_seeds_of_the_copy_task_need_five_for_a_verdict():
-    base = {s: 1.0 + 0.01 * s for s in range(5)}
-    close = {s: v + 0.001 * (-1) ** s for s, v in base.items()}
-    assert attention.paired_interval(close, base, margin=0.05)["verdict"] == "within the margin"
-    three = {s: close[s] for s in range(3)}
-    found = attention.paired_interval(three, base, margin=0.05)
-    assert found["seeds"] == 3 and found["verdict"] == "not resolved"
-    with pytest.raises(ValueError, match="share no seed"):
-        attention.paired_interval({9: 1.0}, base, margin=0.05)
-
-
-def test_refusal_reasons_are_one_sentence_not_a_dump():
-    te_error = ValueError(
-        "No dot product attention backend is available for the provided inputs. Please run "
-        "with NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 to find out the reasons for disabling all backends."
-    )
-    assert attention.refusal_reason(te_error) == (
-        "ValueError: No dot product attention backend is available for the provided inputs."
-    )
-    recipe_error = ValueError(
-        "1 validation error for Float8BlockScaling\n  Assertion failed, FP8 attention is not "
-        "supported for Float8BlockScaling. [type=assertion_error, input_value=ArgsKwargs(...)]"
-    )
-    assert attention.refusal_reason(recipe_error) == (
-        "ValueError: Assertion failed, FP8 attention is not supported for Float8BlockScaling."
-    )
-    with pytest.raises(TypeError, match="error"):
-        attention.refusal_reason("not an exception")
 
 
 def test_the_config_dump_is_not_a_reason():

@@ -1,12 +1,11 @@
-"""One attention problem, its mask, and the two plain-PyTorch attentions the backends are measured
+"""One attention problem, its mask, and the plain-PyTorch attention the backends are checked
 against.
 
 :class:`AttentionShape` names a problem in the book's notation (B, S, A, D and G key/value
 groups, a mask in TE's names, a sliding window, dropout), counts its FLOPs through
 :mod:`fp8lab.flops` and makes its inputs in TE's ``bshd`` layout. :func:`explicit_attention` is
 the "standard" attention written out (matmuls, a mask and a softmax: the full score matrix is
-stored); :func:`sdpa_attention` is ``F.scaled_dot_product_attention`` on the same layout, so that
-``sdpa_kernel`` can pin one of PyTorch's fused kernels under it.
+stored), the FP32 yardstick of chapter 05's accuracy checks and its memory-hungry baseline.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import torch.nn.functional as F
 from fp8lab import checks, flops
 from fp8lab.devices import resolve_device
 
-__all__ = ["AttentionShape", "explicit_attention", "sdpa_attention", "window_mask"]
+__all__ = ["AttentionShape", "explicit_attention", "window_mask"]
 
 
 @dataclass(frozen=True)
@@ -176,32 +175,3 @@ def explicit_attention(
     probs = F.dropout(scores.softmax(dim=-1), dropout_p, training)
     return (probs @ v_).transpose(1, 2)  # [B, A, S, D] -> [B, S, A, D]
 
-
-def sdpa_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    mask: str = "causal",
-    window_size=None,
-    dropout_p: float = 0.0,
-    training: bool = True,
-) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` on TE's ``bshd`` layout: ``is_causal`` for a causal
-    mask, a boolean ``attn_mask`` for a sliding window (SDPA has no window argument),
-    ``enable_gqa`` when G < A. Returns ``[B, S, A, D]``."""
-    _check_call(q, k, v, dropout_p, training)
-    left, right = flops.attention_window(mask, window_size)
-    causal = mask != "no_mask"
-    sliding = left >= 0 or (not causal and right >= 0)
-    q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, S, D], strided views
-    out = F.scaled_dot_product_attention(
-        q_,
-        k_,
-        v_,
-        attn_mask=window_mask(q.shape[1], mask, window_size, q.device) if sliding else None,
-        is_causal=causal and not sliding,
-        dropout_p=dropout_p if training else 0.0,
-        enable_gqa=k.shape[2] != q.shape[2],
-    )
-    return out.transpose(1, 2)  # [B, A, S, D] -> [B, S, A, D]

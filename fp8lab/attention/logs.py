@@ -1,13 +1,12 @@
-"""TE's backend-selection log: captured in-process for one call, or from a fresh process for a
-list of cases.
+"""TE's backend-selection log, from a fresh process, for a list of cases.
 
 TE's selection log (``NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2``) is configured from the environment
 once, when TE is imported (``AttentionLogging._log_level``); setting the variables later in a
-running process changes nothing. :func:`capture_te_log` therefore raises TE's level for one body
-in the running process (TE re-reads the level at every selection) and collects the lines, and
-:func:`te_selection_logs` runs its cases in a fresh Python process started with those variables,
-exactly as a reader would on the command line (``python -m fp8lab.attention``, which runs
-:func:`child_main`), and returns what TE printed.
+running process changes nothing. :func:`te_selection_logs` therefore runs its cases in a fresh
+Python process started with those variables, exactly as a reader would on the command line
+(``python -m fp8lab.attention``, which runs :func:`child_main`), and returns what TE printed.
+This is plumbing (a child process and the parsing of its stderr); the switches and the cache
+it exercises are taught in chapter 05's own cells.
 """
 
 from __future__ import annotations
@@ -22,21 +21,20 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
 
 from fp8lab import checks, recipes
-from fp8lab.attention import backends
 from fp8lab.attention.functional import AttentionShape
 from fp8lab.devices import default_device
 
-__all__ = ["SelectionLog", "capture_te_log", "refusal_reason", "te_selection_logs"]
+__all__ = ["SelectionLog", "te_selection_logs"]
 
-_TE_UTILS = "transformer_engine.pytorch.attention.dot_product_attention.utils"
-_TE_LOGGERS = ("DotProductAttention", "FlashAttention", _TE_UTILS)
-_TE_FORMAT = "[%(levelname)-8s | %(name)-19s]: %(message)s"  # TE's AttentionLogging format
-_LOG_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING}
+# The recipes (fp8lab.recipes names) whose fp8_dpa a selection log can be asked about.
+FP8_ATTENTION_RECIPES = ("delayed", "current")
+TE_MISSING = "needs Transformer Engine on a CUDA GPU"
 _CHILD_MARK = "@@fp8lab-case"
 _TE_LINE = re.compile(r"\[(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*\|")
 _PY_WARNING = re.compile(r"\.py:\d+: |^\s+warnings\.warn|^\s{2,}")
@@ -45,50 +43,6 @@ _WHY = re.compile(
     r"does not support|not supported|requires",
     re.I,
 )
-
-
-class _Collect(logging.Handler):
-    def __init__(self, lines: list[str]):
-        super().__init__()
-        self.lines = lines
-        self.setFormatter(logging.Formatter(_TE_FORMAT))
-
-    def emit(self, record):
-        self.lines.append(self.format(record))
-
-
-@contextlib.contextmanager
-def capture_te_log(level: str = "DEBUG"):
-    """Collect TE's attention log lines (``level`` and above) into the yielded list, in-process.
-
-    TE fixes its log level when it is imported; this raises it for the body (TE re-reads
-    ``AttentionLogging._log_level`` at every selection) and sends the lines to the list instead
-    of stderr, then restores everything. Without TE loaded the list stays empty.
-    """
-    checks.choice("level", level, _LOG_LEVELS)
-    lines: list[str] = []
-    utils = sys.modules.get(_TE_UTILS)
-    logging_class = getattr(utils, "AttentionLogging", None)
-    if logging_class is None:
-        yield lines
-        return
-    numeric = _LOG_LEVELS[level]
-    handler = _Collect(lines)
-    loggers = [logging.getLogger(name) for name in _TE_LOGGERS]
-    saved = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
-    saved_level = logging_class._log_level
-    logging_class._log_level = numeric
-    for lg in loggers:
-        lg.handlers = [handler]
-        lg.setLevel(numeric)
-        lg.propagate = False
-    try:
-        yield lines
-    finally:
-        logging_class._log_level = saved_level
-        for lg, handlers, lg_level, propagate in saved:
-            lg.handlers, lg.propagate = handlers, propagate
-            lg.setLevel(lg_level)
 
 
 def _selected(lines: Sequence[str]) -> str | None:
@@ -118,22 +72,6 @@ def _reasons(lines: Sequence[str]) -> list[str]:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"
-
-
-def refusal_reason(error: BaseException) -> str:
-    """The error's type and the first sentence that says why, for a table of refusals.
-
-    TE's refusals go on with advice and a dump of the inputs, and a recipe's validation error
-    (pydantic) opens with a header line ("1 validation error for ..."): both are left out.
-    """
-    if not isinstance(error, BaseException):
-        raise TypeError(f"error={error!r}: must be an exception")
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    if len(lines) > 1 and re.match(r"\d+ validation errors? for ", lines[0]):
-        lines = lines[1:]
-    text = re.sub(r"\s*\[type=.*$", "", lines[0]) if lines else ""
-    cut = re.search(r"[.!]\s", text)
-    return f"{type(error).__name__}: {text[: cut.start() + 1] if cut else text}"
 
 
 @dataclass(frozen=True)
@@ -179,28 +117,96 @@ class SelectionLog:
         return keep + ([f"-> {self.error}"] if self.error else [])
 
 
+def not_install_hint(record) -> bool:
+    """A logging filter that drops TE's advice to install the flash-attn package, which says
+    nothing about the selection (TE logs it where cuDNN is switched off)."""
+    return "may provide important feature support" not in record.getMessage()
+
+
 # --- the logging process ------------------------------------------------------------------------
 
 
+def _uses_real_te() -> bool:
+    from fp8lab.environment import detect
+
+    return detect().uses_real_te
+
+
+def _check_env(env) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) and k for k, v in env.items()
+    ):
+        raise TypeError(f"env={env!r}: must be a mapping of variable names to string values")
+    return dict(env)
+
+
+def _is_recipe(value) -> bool:
+    """A recipe object (TE's or the reference's ``Recipe``) or the module that holds them."""
+    if isinstance(value, ModuleType):
+        return hasattr(value, "Recipe") and hasattr(value, "DelayedScaling")
+    kind = value if isinstance(value, type) else type(value)
+    return any(cls.__name__ == "Recipe" for cls in kind.__mro__)
+
+
+def _check_recipe_name(name: str, value):
+    """A recipe named as ``te_selection_logs`` names it (``None``, ``"delayed"``,
+    ``"current"``); the te module, the recipe module or a recipe in its place is named as
+    such."""
+    is_te = isinstance(value, ModuleType) and hasattr(value, "DotProductAttention")
+    if is_te or _is_recipe(value):
+        what = "the te module" if is_te else "the recipe module or a recipe"
+        raise TypeError(
+            f"{name}={checks.show(value)} is {what}: name the recipe instead, "
+            f"one of {FP8_ATTENTION_RECIPES} (the logging process makes it)"
+        )
+    return None if value is None else checks.choice(name, value, FP8_ATTENTION_RECIPES)
+
+
 def _run_case(te, recipe_module, case: Mapping[str, Any], device) -> None:
-    """One forward and backward of a fresh ``te.DotProductAttention`` for ``case``."""
+    """One forward and backward of a fresh ``te.DotProductAttention`` for ``case``, in the
+    ``bshd`` layout, under the case's environment (set for the case, then restored)."""
     window = case["shape"]["window_size"]
     shape = AttentionShape(**{**case["shape"], "window_size": tuple(window) if window else None})
-    module = backends._te_attention(te, shape)
-    q, k, v = shape.make_inputs(device=device)
-    fp8 = case.get("recipe")
-    autocast = (
-        te.autocast(recipe=recipes.make(
-            recipe_module, fp8, fp8_dpa=True, fp8_mha=case.get("fp8_mha", False)
-        ))
-        if fp8
-        else contextlib.nullcontext()
+    from transformer_engine.pytorch.attention.dot_product_attention import (
+        _attention_backends,  # private: TE's cached selection
     )
-    with autocast:
-        out = module(q, k, v)
-    out.float().sum().backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+
+    saved = {name: os.environ.get(name) for name in case["env"]}
+    os.environ.update(case["env"])
+    # the switches are not part of TE's cache key: make it select again for this case
+    _attention_backends["backend_selection_requires_update"] = True
+    try:
+        module = te.DotProductAttention(
+            shape.heads,
+            shape.head_dim,
+            num_gqa_groups=shape.kv_groups,
+            attention_dropout=shape.dropout,
+            qkv_format="bshd",
+            attn_mask_type=shape.mask,
+            window_size=shape.window_size,
+        )
+        q, k, v = shape.make_inputs(device=device)
+        fp8 = case.get("recipe")
+        autocast = (
+            te.autocast(recipe=recipes.make(
+                recipe_module, fp8, fp8_dpa=True, fp8_mha=case.get("fp8_mha", False)
+            ))
+            if fp8
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            out = module(q, k, v)
+        out.float().sum().backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def child_main() -> int:  # pragma: no cover - runs on the GPU, in a fresh process
@@ -209,14 +215,14 @@ def child_main() -> int:  # pragma: no cover - runs on the GPU, in a fresh proce
     import transformer_engine.pytorch as te  # first: TE must load cuDNN before torch does
     from transformer_engine.common import recipe as te_recipe
 
+    logging.getLogger("DotProductAttention").addFilter(not_install_hint)
     device = default_device()
     if device.type == "cuda":
         torch.cuda.init()
     for index, case in enumerate(json.loads(sys.stdin.read())):
         print(f"{_CHILD_MARK} {index}", file=sys.stderr, flush=True)
         try:
-            with backends._te_environment(case["env"]):
-                _run_case(te, te_recipe, case, device)
+            _run_case(te, te_recipe, case, device)
         except Exception as error:  # the point is to show the error, whatever its kind
             print(f"{_CHILD_MARK} error {_first_line(error)}", file=sys.stderr, flush=True)
     print(f"{_CHILD_MARK} end", file=sys.stderr, flush=True)
@@ -233,7 +239,7 @@ def _case(case: Any, index: int) -> dict[str, Any]:
     shape = case.get("shape")
     if not isinstance(shape, AttentionShape):
         raise TypeError(f"cases[{index}]['shape'] must be an AttentionShape")
-    backends._check_recipe_name(f"cases[{index}]['recipe']", case.get("recipe"))
+    _check_recipe_name(f"cases[{index}]['recipe']", case.get("recipe"))
     checks.flag(f"cases[{index}]['fp8_mha']", case.get("fp8_mha", False))
     title = case.get("title", shape.label)
     if not isinstance(title, str):
@@ -243,7 +249,7 @@ def _case(case: Any, index: int) -> dict[str, Any]:
         "shape": dataclasses.asdict(shape),
         "recipe": case.get("recipe"),
         "fp8_mha": case.get("fp8_mha", False),
-        "env": backends._check_env(case.get("env")),
+        "env": _check_env(case.get("env")),
     }
 
 
@@ -308,8 +314,8 @@ def te_selection_logs(cases: Sequence[Mapping[str, Any]], timeout_s: float = 300
         raise TypeError(f"cases must be a list of dicts, not {type(cases).__name__}")
     prepared = [_case(case, index) for index, case in enumerate(cases)]
     timeout_s = checks.number("timeout_s", timeout_s, positive=True)
-    if not backends._uses_real_te():
-        return [SelectionLog(c["title"], error=backends._TE_MISSING) for c in prepared]
+    if not _uses_real_te():
+        return [SelectionLog(c["title"], error=TE_MISSING) for c in prepared]
     payload = [{k: c[k] for k in ("shape", "recipe", "fp8_mha", "env")} for c in prepared]
     stderr, stopped = _run_child(payload, timeout_s)
     blocks, errors = _parse_child(stderr)
