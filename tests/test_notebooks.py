@@ -4,7 +4,7 @@ in ``_toc.yml``.
 Each rule is one function that returns what breaks it, so a failure names the cell:
 
 * code lines are at most 88 characters;
-* no two cells share an id;
+* every cell has an id, and no two share one;
 * no output is a stderr stream, and no output text holds a warning or a progress bar (fix the
   cause; progress bars go to the terminal through ``fp8lab.book.progress``);
 * presentation cells are collapsed: a cell whose statements (imports aside) all draw
@@ -234,16 +234,18 @@ def illegible_figures(notebook: dict) -> list[str]:
     return found
 
 
-def duplicate_cell_ids(notebook: dict) -> list[str]:
+def missing_or_repeated_cell_ids(notebook: dict) -> list[str]:
     """A repeated cell id is silently renumbered by nbformat on every read, so the page and the
     committed JSON disagree about which cell is which."""
-    ids = [cell.get("id") for cell in notebook.get("cells", []) if cell.get("id")]
-    return sorted({f"cell id {i} appears {ids.count(i)} times" for i in ids if ids.count(i) > 1})
+    cells = notebook.get("cells", [])
+    ids = [cell.get("id") for cell in cells if cell.get("id")]
+    missing = [f"{len(cells) - len(ids)} cells have no id"] if len(ids) < len(cells) else []
+    return missing + sorted({f"cell id {i} appears {ids.count(i)} times" for i in ids if ids.count(i) > 1})
 
 
 RULES = (
     long_lines,
-    duplicate_cell_ids,
+    missing_or_repeated_cell_ids,
     noisy_outputs,
     uncollapsed_presentation,
     widgets_with_output,
@@ -287,8 +289,9 @@ def test_each_rule_catches_what_it_names():
     assert not long_lines(_notebook(_code("y" * 88)))
 
     twice = [{**_code("x = 1"), "id": "a1"}, {**_code("y = 2"), "id": "a1"}]
-    assert duplicate_cell_ids(_notebook(*twice))
-    assert not duplicate_cell_ids(_notebook(twice[0], {**twice[1], "id": "b2"}))
+    assert missing_or_repeated_cell_ids(_notebook(*twice))
+    assert not missing_or_repeated_cell_ids(_notebook(twice[0], {**twice[1], "id": "b2"}))
+    assert missing_or_repeated_cell_ids(_notebook(twice[0], _code("z = 3")))
 
     stderr = {"output_type": "stream", "name": "stderr", "text": "anything"}
     warning = {"output_type": "stream", "name": "stdout", "text": "a.py:3: UserWarning: no"}

@@ -191,10 +191,10 @@ AGENDAS: dict[str, tuple[str, tuple[tuple[Block, ...], ...]]] = {
     "taster": ("Taster", (
         (_a(10, _WELCOME), _f(25, "00"), _a(10, _FORMATS), _f(35, "03"), _a(10, _CARD)),)),
     "session": ("Half day", (
-        (_a(15, _WELCOME), _f(25, "00"), _f(20, "01"), _f(30, "02"), _a(10, "Break"),
-         _f(40, "03"), _f(25, "04"), _a(15, _CARD)),)),
+        (_a(15, _WELCOME), _f(25, "00"), _f(25, "01"), _f(30, "02"), _a(10, "Break"),
+         _f(40, "03"), _f(25, "04"), _a(10, _CARD)),)),
     "day": ("Full day", (
-        (_a(15, _WELCOME), _f(25, "00"), _f(20, "01"), _f(30, "02"), _a(15, "Break"),
+        (_a(15, _WELCOME), _f(25, "00"), _f(25, "01"), _f(30, "02"), _a(10, "Break"),
          _f(40, "03"), _f(25, "04"), _a(45, "Lunch"), _f(35, "05"), _f(60, "06"),
          _a(15, "Break"), _f(25, "07"), _f(20, "09"), _a(20, _CARD)),)),
     "course": ("Two days, with the two-GPU chapter", (
