@@ -73,6 +73,7 @@ from fp8lab.memory.constants import (  # noqa: F401 -- constants the chapters re
     CUBLAS_WORKSPACE_HOPPER,
     CUBLAS_WORKSPACE_OLDER,
     CUDA_CONTEXT,
+    FSDP2_BUFFERS,
     OPTIMIZERS,
     PRECISIONS,
     GiB,
