@@ -841,17 +841,45 @@ def test_fp8_needs_a_gpu_that_runs_fp8_whatever_its_memory():
         memory.fit_verdict(fp8, "A99")
 
 
-def test_chapter_08_layouts_are_under_predicted_as_chapter_07_says():
-    """Chapter 07 reads chapter 08's committed peaks: FSDP2 and TP under-predicted (the dp > 1
-    caveat), one GPU and DDP within a few per cent."""
+def test_chapter_08_layouts_as_chapter_07_says():
+    """Chapter 07 reads chapter 08's committed peaks: FSDP2 (its buffers modelled) within 7%,
+    TP under-predicted (its buffers are not)."""
     from fp8lab.memory import validation
 
     path = RESULTS.parent.parent / "notebooks" / "results" / "08_parallelism_2gpu.json"
     rows = validation.chapter08_rows(path)
     if rows.empty:
         pytest.skip("chapter 08's result file is not here")
-    parallel = rows[rows["layout"].isin(["FSDP2 (ZeRO-3)", "TP", "TP+SP"])]
-    assert len(parallel) >= 3 and (parallel["error"] < 0).all(), parallel
+    fsdp = rows[rows["layout"] == "FSDP2 (ZeRO-3)"]
+    tp = rows[rows["layout"].isin(["TP", "TP+SP"])]
+    assert len(fsdp) >= 1 and (fsdp["error"].abs() <= 0.07).all(), fsdp
+    assert len(tp) >= 2 and (tp["error"] < 0).all(), tp
+
+
+def test_offload_follows_tes_schedule():
+    """L - N layers' activations on the GPU; TE's rules on N; the copies' stalls."""
+    cfg = preset_config("llama3-8b")
+    base = memory.estimate(cfg, 1, 4096)
+    half = memory.estimate(cfg, 1, 4096, offload_layers=16)
+    assert half.peak_bytes < base.peak_bytes and half.offloaded_bytes > 0
+    with pytest.raises(ValueError, match="offload_layers=32"):
+        memory.estimate(cfg, 1, 4096, offload_layers=32)
+    with pytest.raises(ValueError, match="recompute"):
+        memory.estimate(cfg, 1, 4096, offload_layers=4, recompute="full")
+    hidden = memory.offload_overhead_ms(1e8, 4, 8, 80, 160, 25, 25)
+    assert hidden["total"] == 0 and hidden["copies"] == pytest.approx(32)
+    exposed = memory.offload_overhead_ms(1e9, 4, 8, 8, 16, 25, 25)
+    assert exposed["total"] > 0
+
+
+def test_persistent_grads_and_fit_bias():
+    cfg = preset_config("llama3-8b")
+    freed = memory.estimate(cfg, 1, 4096, fp32_grads=True)
+    kept = memory.estimate(cfg, 1, 4096, fp32_grads=True, persistent_grads=True)
+    assert kept.peak_bytes > freed.peak_bytes
+    assert memory.fit_verdict(freed, "H200", bias=1.0) == "too small"
+    with pytest.raises(ValueError, match="bias="):
+        memory.fit_verdict(freed, "H200", bias=-0.1)
 
 
 def test_every_constant_of_the_estimator_has_an_origin():

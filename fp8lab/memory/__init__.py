@@ -42,11 +42,14 @@ source.
 
 **Known limits.** Allocator fragmentation and the CUDA context (outside
 ``max_memory_allocated``) are beside the peak, not in it (:attr:`MemoryEstimate.runtime`);
-kernels' scratch beyond the cuBLAS workspace is one measured constant; ZeRO-3/FSDP all-gather
-buffers (the unsharded layers FSDP2 gathers and prefetches) and pipeline parallelism are not
-modelled: against chapter 08's two-GPU measurements the ``dp > 1`` and ``tp > 1`` paths
-under-predict (see :func:`~fp8lab.memory.validation.chapter08_rows`). Checked against measured
-peaks of complete training steps by ``python -m tools.memory_check`` (results in
+kernels' scratch beyond the cuBLAS workspace is one measured constant; under ZeRO-3 over
+dp > 1, FSDP2's all-gathered layers (the running and the prefetched one), the root's full
+parameters and the running layer's unsharded gradient are modelled, not its reduce-scatter
+copies; TP's communication buffers (the all-gathered input under SP) and pipeline parallelism
+are not modelled (see :func:`~fp8lab.memory.validation.chapter08_rows`). Activation offload
+(``offload_layers``) follows TE's schedule; its time cost is :func:`offload_overhead_ms`.
+Checked against measured peaks of complete training steps by
+``python -m tools.memory_check`` (results in
 ``tests/gpu_results``, each file named for the GPU it was measured on).
 
 **Where things live.** :mod:`~fp8lab.memory.constants` (sizes and fitted constants, each with
@@ -70,6 +73,7 @@ from fp8lab.memory.constants import (  # noqa: F401 -- constants the chapters re
     CUBLAS_WORKSPACE_HOPPER,
     CUBLAS_WORKSPACE_OLDER,
     CUDA_CONTEXT,
+    FSDP2_BUFFERS,
     OPTIMIZERS,
     PRECISIONS,
     GiB,
@@ -92,6 +96,7 @@ from fp8lab.memory.layouts import (
     resolve_precision,
     zero_training_state,
 )
+from fp8lab.memory.offload import offload_overhead_ms
 from fp8lab.memory.phases import (  # noqa: F401 -- MEASURED_PHASES, a constant, too
     MEASURED_PHASES,
     measured_phase,
@@ -120,6 +125,7 @@ __all__ = [
     "korthikanti_activations",
     "largest_micro_batch",
     "measured_phase",
+    "offload_overhead_ms",
     "phase_peaks",
     "resolve_precision",
     "zero_training_state",

@@ -17,10 +17,13 @@ __all__ = [
     "CUDA_CONTEXT",
     "FP8_GEMMS_PER_LAYER",
     "FP8_META_SLOTS_PER_GEMM",
+    "FSDP2_BUFFERS",
+    "FSDP2_UNSHARDED_LAYERS",
     "GiB",
     "MASTER_INIT_BYTES_PER_PARAMETER",
     "MiB",
     "NORM_STATS_BYTES",
+    "OFFLOAD_MIN_ELEMENTS",
     "OPTIMIZERS",
     "ORIGIN",
     "PRECISIONS",
@@ -75,6 +78,16 @@ NORM_STATS_BYTES = {"LayerNorm": 8, "RMSNorm": 4}
 # dequantized (2 bytes) or cloned parameter, then an FP32 copy (4): 6 bytes/parameter of one
 # parameter at a time, while the previous parameters' states already exist.
 MASTER_INIT_BYTES_PER_PARAMETER = 6
+# FSDP2 (torch/distributed/fsdp/_fully_shard): with reshard_after_forward=True a layer is
+# all-gathered (a full-size copy of its parameters) when it runs, and the next one is prefetched
+# while it does: two unsharded layers at once, plus, in the backward, the running layer's full
+# unsharded gradient before its reduce-scatter. The root module (embeddings, final norm, head)
+# is not resharded after the forward: its full parameters stay from the forward to the backward.
+FSDP2_UNSHARDED_LAYERS = 2
+FSDP2_BUFFERS = "FSDP2 all-gathered weights and gradient"  # the part's name in an estimate
+# TE 2.20 cpu_offload.py, OffloadableLayerState._check_if_offload: a saved tensor moves to host
+# memory only from 256 Ki elements on; parameters and weight copies never (mark_not_offload).
+OFFLOAD_MIN_ELEMENTS = 256 * 1024
 
 # Where each number above comes from: read from a source (TE's or PyTorch's code, a paper),
 # measured directly on a GPU, or fitted to measured peaks of whole steps. Chapter 07 shows this
@@ -89,5 +102,7 @@ ORIGIN = {
     "BLOCK_SCALE_BYTES_PER_ELEMENT": "source: TE 2.20 float8_blockwise_tensor.py",
     "BLOCK_SCALING_UNEXPLAINED_BYTES_PER_ELEMENT": "fitted: the tune matrix, H200",
     "NORM_STATS_BYTES": "source: PyTorch's and TE's norms",
+    "FSDP2_UNSHARDED_LAYERS": "source: torch.distributed.fsdp (fully_shard prefetch)",
+    "OFFLOAD_MIN_ELEMENTS": "source: TE 2.20 cpu_offload.py",
     "MASTER_INIT_BYTES_PER_PARAMETER": "source: TE 2.20 optimizers/fused_adam.py",
 }

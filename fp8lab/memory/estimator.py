@@ -36,7 +36,8 @@ class MemoryEstimate:
     then, by part; ``timeline``: ``(event, live bytes)`` through the simulated steps;
     ``runtime``: one-off memory beside the peak (cuBLAS workspace, CUDA context);
     ``compute``: the layers' compute precision (a key of :data:`COMPUTE`), which decides the
-    GPUs that can run the step at all (:func:`fp8lab.memory.fits`).
+    GPUs that can run the step at all (:func:`fp8lab.memory.fits`); ``offloaded_bytes``: what
+    activation offload moves to host memory per micro-batch (and back).
     """
 
     tree: MemoryNode
@@ -47,6 +48,7 @@ class MemoryEstimate:
     at_peak: dict = field(default_factory=dict)
     timeline: tuple = ()
     compute: str = "bf16"
+    offloaded_bytes: float = 0.0
 
     @property
     def peak_mib(self) -> float:
@@ -88,6 +90,7 @@ def estimate(cfg: TransformerConfig, batch: int, seq: int, **options) -> MemoryE
         at_peak=dict(tl.at_peak),
         timeline=tuple(tl.events),
         compute=spec.compute,
+        offloaded_bytes=sizes.offloaded_per_layer * spec.offload_layers,
     )
 
 

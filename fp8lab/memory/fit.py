@@ -86,19 +86,27 @@ def fits(
     return peak_bytes + context_bytes <= headroom * memory_bytes
 
 
-def fit_verdict(est: MemoryEstimate, gpu, headroom: float = HEADROOM) -> str:
-    """:func:`fits` for one GPU (a datasheet name, ``None`` for this CUDA GPU, or a
-    :class:`fp8lab.datasheet.GPUSpec`), with the reason when not: ``"fits"``, ``"too small"``,
-    ``"no FP8 on this GPU"`` or ``"no FP8 block scaling on this GPU"``."""
-    from fp8lab.datasheet import GPUSpec, gpu_spec
-
+def _biased(est: MemoryEstimate, bias: float) -> float:
+    """The predicted peak raised by ``bias``, the estimator's measured under-prediction (a
+    share >= 0, e.g. the median error of a held-out matrix, sign flipped)."""
     if not isinstance(est, MemoryEstimate):
         raise TypeError(f"est must be a memory.MemoryEstimate, not {type(est).__name__}")
+    return est.peak_bytes * (1 + checks.number("bias", bias, non_negative=True, maximum=1.0))
+
+
+def fit_verdict(est: MemoryEstimate, gpu, headroom: float = HEADROOM, *, bias: float = 0.0) -> str:
+    """:func:`fits` for one GPU (a datasheet name, ``None`` for this CUDA GPU, or a
+    :class:`fp8lab.datasheet.GPUSpec`), with the reason when not: ``"fits"``, ``"too small"``,
+    ``"no FP8 on this GPU"`` or ``"no FP8 block scaling on this GPU"``. ``bias`` raises the
+    predicted peak by that share first (the estimator's measured under-prediction)."""
+    from fp8lab.datasheet import GPUSpec, gpu_spec
+
+    peak = _biased(est, bias)
     if not (gpu is None or isinstance(gpu, (str, GPUSpec))):
         raise TypeError(f"gpu={checks.show(gpu)}: must be a GPU name or a datasheet.GPUSpec")
     spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
     room = fits(
-        est.peak_bytes,
+        peak,
         spec.memory_bytes,
         headroom,
         compute=est.compute,
@@ -110,19 +118,18 @@ def fit_verdict(est: MemoryEstimate, gpu, headroom: float = HEADROOM) -> str:
 
 
 def fitting_gpus(
-    est: MemoryEstimate, headroom: float = HEADROOM
+    est: MemoryEstimate, headroom: float = HEADROOM, *, bias: float = 0.0
 ) -> list[tuple[str, float, bool]]:
     """``(GPU, memory in GB, fits)`` for every GPU of :data:`fp8lab.datasheet.DATASHEET`, by
     :func:`fits`: does the predicted peak plus the CUDA context fit in ``headroom`` of its
     memory, and does the GPU run the estimate's FP8 compute? (:func:`fit_verdict` says why
-    not.)"""
+    not; ``bias`` as there.)"""
     from fp8lab.datasheet import DATASHEET
 
-    if not isinstance(est, MemoryEstimate):
-        raise TypeError(f"est must be a memory.MemoryEstimate, not {type(est).__name__}")
+    _biased(est, bias)
     headroom = checks.number("headroom", headroom, positive=True, maximum=1.0)
     return [
-        (spec.name, spec.memory_gb, fit_verdict(est, spec, headroom) == FITS)
+        (spec.name, spec.memory_gb, fit_verdict(est, spec, headroom, bias=bias) == FITS)
         for spec in sorted(DATASHEET, key=lambda s: s.memory_gb)
     ]
 

@@ -28,8 +28,10 @@ from fp8lab.memory.activations import (
 from fp8lab.memory.constants import (
     FP8_GEMMS_PER_LAYER,
     FP8_META_SLOTS_PER_GEMM,
+    FSDP2_UNSHARDED_LAYERS,
     MASTER_INIT_BYTES_PER_PARAMETER,
     NORM_STATS_BYTES,
+    OFFLOAD_MIN_ELEMENTS,
 )
 from fp8lab.memory.layouts import bytes_per_parameter
 from fp8lab.memory.spec import StepSpec
@@ -94,6 +96,8 @@ class StepSizes:
     outer: OuterSizes
     optimizer_temporary: float
     state_init_transient: float
+    offloaded_per_layer: float = 0.0  # saved bytes an offloaded layer moves to host memory
+    fsdp_held: float = 0.0  # FSDP2: root and two unsharded layers, through a micro-batch
 
     @property
     def kept_layers(self) -> int:
@@ -144,7 +148,39 @@ def step_sizes(spec: StepSpec) -> StepSizes:
         outer=_outer_sizes(spec, layer_input),
         optimizer_temporary=update_temp,
         state_init_transient=init_temp,
+        offloaded_per_layer=_offloaded_per_layer(spec, saved),
+        **_fsdp_buffers(spec, layer_params, outer_params, state["per_parameter"]),
     )
+
+
+def _offloaded_per_layer(spec: StepSpec, saved: dict) -> float:
+    """Bytes of one layer's saved tensors that ``te.get_cpu_offload_context`` moves to host
+    memory: every saved activation of at least :data:`OFFLOAD_MIN_ELEMENTS` elements (the
+    norms' and softmax's per-row statistics stay; they are small); 0 when nothing is offloaded.
+    """
+    if not spec.offload_layers:
+        return 0.0
+    if spec.tokens * spec.cfg.hidden_size / spec.rep < OFFLOAD_MIN_ELEMENTS:
+        return 0.0
+    stats = 2 * NORM_STATS_BYTES[spec.cfg.normalization] * spec.tokens / spec.rep
+    stats += 4 * spec.tokens * spec.cfg.num_attention_heads / spec.layout.tp
+    return max(0.0, sum(saved.values()) - stats)
+
+
+def _fsdp_buffers(spec: StepSpec, layer_params: dict, outer_params: dict, per_param: dict):
+    """FSDP2's full-size weights on one GPU (see :data:`FSDP2_UNSHARDED_LAYERS`): the root's
+    parameters and the unsharded layers held through a micro-batch (0 unless ZeRO-3 over
+    dp > 1). The unsharded gradient of the running layer is the timeline's: it grows module by
+    module until the layer's reduce-scatter."""
+    if not spec.fsdp:
+        return {}
+    weights = spec.parameter_layout
+    stored = per_param[Part.PARAMETERS] if weights.fp8_params else weights.param_bytes
+    gemm = sum(v for k, v in layer_params.items() if "norm" not in k)
+    layer = stored * gemm + weights.param_bytes * (sum(layer_params.values()) - gemm)
+    unsharded = min(FSDP2_UNSHARDED_LAYERS, spec.cfg.num_layers)
+    root = weights.param_bytes * sum(outer_params.values())
+    return {"fsdp_held": root + unsharded * layer}
 
 
 def _outer_parameters(spec: StepSpec) -> dict[str, float]:

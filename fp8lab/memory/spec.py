@@ -53,7 +53,12 @@ class StepSpec:
     compute is FP32); ``fp32_grads``; ``hidden_dropout``; ``flash_attention`` (no S x S term);
     ``hopper`` (FP8 weights keep a transpose, and the cuBLAS workspace is Hopper's);
     ``amax_history_len`` of delayed scaling; ``include_optimizer=False``: one forward and
-    backward, no optimizer state.
+    backward, no optimizer state; ``offload_layers``: the activations of the first N layers
+    moved to host memory by ``te.get_cpu_offload_context(num_layers=N, model_layers=L)``
+    (at most L - 1, TE's rule; not with recompute); ``persistent_grads``: gradient buffers
+    allocated once and never freed (Megatron's ``main_grad``; with ``fp32_grads``, 4 B/param);
+    ``fsdp_buffers``: under ZeRO-3 with dp > 1, FSDP2's all-gathered layers and unsharded
+    gradient (``False``: the sharded state only, as before they were modelled).
 
     ``parameter_layout``, ``compute`` and ``autocast`` are what the options resolve to.
     """
@@ -76,6 +81,9 @@ class StepSpec:
     hopper: bool = True
     amax_history_len: int = 1024
     include_optimizer: bool = True
+    offload_layers: int = 0
+    persistent_grads: bool = False
+    fsdp_buffers: bool = True
     parameter_layout: Weights = field(init=False)
     compute: str = field(init=False)
     autocast: bool = field(init=False)
@@ -108,7 +116,26 @@ class StepSpec:
         checks.flag("hopper", self.hopper)
         checks.integer("amax_history_len", self.amax_history_len)
         checks.flag("include_optimizer", self.include_optimizer)
+        checks.flag("persistent_grads", self.persistent_grads)
+        checks.flag("fsdp_buffers", self.fsdp_buffers)
         self._check_parallelism()
+        self._check_offload()
+
+    def _check_offload(self) -> None:
+        """TE's own rules (cpu_offload.py, get_cpu_offload_context): without manual
+        synchronization at most L - 1 layers; recompute with offload is not modelled."""
+        layers = self.cfg.num_layers
+        checks.integer("offload_layers", self.offload_layers, minimum=0)
+        if self.offload_layers > layers - 1:
+            raise ValueError(
+                f"offload_layers={self.offload_layers}: TE offloads at most num_layers - 1 = "
+                f"{layers - 1} layers (the last layer's activations stay)"
+            )
+        if self.offload_layers and self.recompute != "none":
+            raise ValueError(
+                f"offload_layers={self.offload_layers} with recompute={self.recompute!r}: "
+                "not modelled (use one or the other)"
+            )
 
     def _check_autocast(self) -> None:
         """Resolve ``bf16_autocast`` (``None``: on unless the compute is FP32) against the
@@ -130,6 +157,11 @@ class StepSpec:
             raise ValueError(f"tp={tp} must divide hidden_size, ffn_hidden_size and num_gqa_groups")
         if self.layout.sequence_parallel and self.seq % tp:
             raise ValueError(f"sequence parallelism needs tp={tp} to divide seq={self.seq}")
+
+    @property
+    def fsdp(self) -> bool:
+        """Are FSDP2's all-gather buffers modelled (ZeRO-3 over more than one rank)?"""
+        return self.fsdp_buffers and self.layout.zero_stage == 3 and self.layout.dp > 1
 
     @property
     def momentum_buffer(self) -> bool:

@@ -10,7 +10,7 @@ this module only says when each is allocated and freed.
 
 from __future__ import annotations
 
-from fp8lab.memory.constants import BACKWARD_SCRATCH
+from fp8lab.memory.constants import BACKWARD_SCRATCH, FSDP2_BUFFERS
 from fp8lab.memory.sizes import StepSizes
 from fp8lab.parts import Part
 
@@ -53,6 +53,8 @@ def simulate(sizes: StepSizes) -> Timeline:
     tl = Timeline()
     tl.set(Part.PARAMETERS, sizes.parameters)
     tl.set(Part.SCALING_STATE, sizes.scaling_state)
+    if spec.persistent_grads:  # Megatron's main_grad: allocated with the model, never freed
+        tl.set(Part.GRADIENTS, sizes.gradients)
     tl.point("build", "model built")
     steps = 2 if spec.include_optimizer else 1
     for step in range(1, steps + 1):
@@ -60,7 +62,8 @@ def simulate(sizes: StepSizes) -> Timeline:
             _micro_step(sizes, tl, step, micro)
         if spec.include_optimizer and spec.optimizer_used != "none":
             _optimizer_step(sizes, tl, step)
-        tl.set(Part.GRADIENTS, 0.0)
+        if not spec.persistent_grads:
+            tl.set(Part.GRADIENTS, 0.0)
         tl.set(Part.LOGITS, 0.0)  # train_step returns
     return tl
 
@@ -68,7 +71,7 @@ def simulate(sizes: StepSizes) -> Timeline:
 def _micro_step(sizes: StepSizes, tl: Timeline, step: int, micro: int) -> None:
     """Forward, loss and backward of one micro-batch."""
     spec = sizes.spec
-    grads_full = micro > 1  # gradients of earlier micro-batches persist
+    grads_full = micro > 1 or spec.persistent_grads  # earlier gradients persist
     name = f"step {step}" + (f", micro-batch {micro}" if spec.accumulation > 1 else "")
     _forward(sizes, tl, f"{name}, forward")
     bwd = f"{name}, backward"
@@ -97,19 +100,22 @@ def _micro_step(sizes: StepSizes, tl: Timeline, step: int, micro: int) -> None:
     tl.set(Part.LOGITS, outer.held_logits)  # the step's loop still holds them
     tl.set(Part.ACTIVATIONS, 0.0)
     tl.set(copies_part, 0.0)
+    tl.set(FSDP2_BUFFERS, 0.0)
 
 
 def _forward(sizes: StepSizes, tl: Timeline, fwd: str) -> None:
     """The forward through the model and the loss: saved tensors, copies and logits appear."""
     spec, outer = sizes.spec, sizes.outer
     layers, copies_part = spec.cfg.num_layers, spec.copies_part
+    tl.set(FSDP2_BUFFERS, sizes.fsdp_held)
     tl.point(fwd, "embeddings", outer.embedding_forward)
     if spec.recompute == "full":  # te.checkpoint keeps each layer's input, runs it without saving
         tl.add(Part.ACTIVATIONS, sizes.layer_input * layers)
         one_layer = sizes.saved_per_layer + sizes.copy_per_param * sizes.gemm_per_layer
         tl.point(fwd, f"layer {layers} (not saved)", one_layer)
-    else:
-        tl.add(Part.ACTIVATIONS, sizes.saved_per_layer * layers)
+    else:  # TE's offload keeps L - N layers' saved tensors on the GPU at the forward's end
+        offloaded = sizes.offloaded_per_layer * spec.offload_layers
+        tl.add(Part.ACTIVATIONS, sizes.saved_per_layer * layers - offloaded)
         if sizes.copies_kept:
             tl.add(copies_part, sizes.copy_per_param * sizes.gemm_per_layer * layers)
     tl.add(Part.ACTIVATIONS, outer.head_inputs)
@@ -123,11 +129,31 @@ def _forward(sizes: StepSizes, tl: Timeline, fwd: str) -> None:
     tl.point(fwd, "end")
 
 
+def _reload(sizes: StepSizes, tl: Timeline, index: int) -> float:
+    """TE's offload schedule (cpu_offload.py, DefaultOffloadSynchronizer): the backward of
+    layer ``index`` (1-based) first frees the reloaded tensors of the layer after it, then
+    starts reloading offloaded layer ``index - L + N`` (0-based, if any). Returns the bytes of
+    layer ``index``'s saved tensors that its own backward does not free (they are held as a
+    group until the next layer's backward starts)."""
+    n, layers = sizes.spec.offload_layers, sizes.spec.cfg.num_layers
+    moved = sizes.offloaded_per_layer
+    if not n:
+        return 0.0
+    if index < n:  # the layer after this one was offloaded: its reloaded group is freed now
+        tl.add(Part.ACTIVATIONS, -moved)
+    if 0 <= index - 1 - (layers - 1 - n) < n:
+        tl.add(Part.ACTIVATIONS, moved)
+    return moved if index <= n else 0.0
+
+
 def _layer_walk(sizes: StepSizes, tl: Timeline, phase: str, grads_full: bool) -> None:
     """The backward through the layers, last first, module by module."""
     spec = sizes.spec
     copies_part, full = spec.copies_part, spec.recompute == "full"
     for index in range(spec.cfg.num_layers, 0, -1):
+        held = _reload(sizes, tl, index) / sizes.saved_per_layer
+        unsharded = 0.0  # FSDP2: the layer's full gradients so far, before the reduce-scatter
+        dp = spec.layout.dp if spec.fsdp else 0
         if full:  # the recomputed forward brings this layer's saved tensors back
             tl.add(Part.ACTIVATIONS, sizes.saved_per_layer)
         if full or not sizes.copies_kept:  # and its weight copies
@@ -139,13 +165,18 @@ def _layer_walk(sizes: StepSizes, tl: Timeline, phase: str, grads_full: bool) ->
             else:
                 tl.add(Part.GRADIENTS, module.grads)
                 transient = module.transient + module.wgrad_cast
-            tl.point(phase, f"layer {index} {module.name} backward", transient + BACKWARD_SCRATCH)
-            tl.add(Part.ACTIVATIONS, -module.saved)
+            unsharded += dp * module.grads
+            transient += unsharded + BACKWARD_SCRATCH
+            tl.point(phase, f"layer {index} {module.name} backward", transient)
+            tl.add(Part.ACTIVATIONS, -module.saved * (1 - held))
             tl.add(copies_part, -module.weight_copies)
             if not grads_full:
                 tl.add(Part.GRADIENTS, module.grads_after)
+            unsharded += dp * module.grads_after
         if full:
             tl.add(Part.ACTIVATIONS, -sizes.layer_input)
+    if spec.offload_layers:  # the first layer's reloaded group, freed when the backward ends
+        tl.add(Part.ACTIVATIONS, -sizes.offloaded_per_layer)
     tl.point(phase, "input gradient of the first layer", sizes.layer_input)
 
 

@@ -20,6 +20,8 @@ reference                       Transformer Engine 2.20
 ``transformer``                 ``pytorch/transformer.py``
 ``optimizers``                  ``pytorch/optimizers/fused_adam.py`` (a CPU stand-in for
                                 ``FusedAdam``, master weights and FP8 parameters included)
+``offload``                     ``pytorch/cpu_offload.py`` (``get_cpu_offload_context``: its
+                                checks; tensors stay in host memory, where they already are)
 ==============================  ===========================================================
 
 Parity with TE 2.20.2, measured on an H200 (``tests/test_reference_parity.py``, results in
@@ -57,6 +59,7 @@ import torch.utils.checkpoint as _torch_checkpoint
 from fp8lab.reference import optimizers, recipe
 from fp8lab.reference.attention import DotProductAttention
 from fp8lab.reference.modules import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
+from fp8lab.reference.offload import get_cpu_offload_context
 from fp8lab.reference.quantization import (
     STATE,
     assert_dim_for_fp8_exec,
@@ -163,6 +166,7 @@ __all__ = [
     "destroy_ub",
     "fp8_autocast",
     "fp8_model_init",
+    "get_cpu_offload_context",
     "get_default_recipe",
     "initialize_ub",
     "is_bf16_available",
