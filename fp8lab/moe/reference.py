@@ -294,7 +294,9 @@ def moe_unpermute(inp, row_id_map, merging_probs=None, restore_shape=None, map_t
         _refuse("map_type='index'")
     if probs is not None:
         if merging_probs is not None:
-            raise ValueError("Both merging_probs and probs kwarg are provided. probs is deprecated.")
+            raise ValueError(
+                "Both merging_probs and probs kwarg are provided. probs is deprecated."
+            )
         merging_probs = probs
     checks.tensor("inp", inp, dims=2)
     checks.tensor("row_id_map", row_id_map, dims=2)
@@ -320,6 +322,13 @@ def moe_unpermute(inp, row_id_map, merging_probs=None, restore_shape=None, map_t
 # --- GroupedLinear -----------------------------------------------------------------------------
 
 
+def _default(name: str, value) -> bool:
+    """Whether a GroupedLinear argument the stand-in ignores has its harmless value."""
+    if name == "tp_size":
+        return value == 1 and not isinstance(value, bool)
+    return value is None or value is False
+
+
 class GroupedLinear(_GemmModule):
     """``te.GroupedLinear(num_gemms, in_features, out_features)``: ``num_gemms`` weights
     (``weight0`` ... with ``bias0`` ...) applied to consecutive row blocks of the input, of
@@ -330,7 +339,7 @@ class GroupedLinear(_GemmModule):
                  bias: bool = True, params_dtype: torch.dtype | None = None,
                  init_method=None, device=None, name: str | None = None, **extra):
         super().__init__()
-        unsupported = {k: v for k, v in extra.items() if v not in (None, False, 1)}
+        unsupported = {k: v for k, v in extra.items() if not _default(k, v)}
         if unsupported:
             _refuse(f"GroupedLinear({', '.join(f'{k}={v!r}' for k, v in unsupported.items())})")
         self.num_gemms = checks.integer("num_gemms", num_gemms)
