@@ -115,7 +115,8 @@ CHAPTERS: dict[str, Chapter] = {
                 (("bytes per parameter, mixed-precision Adam", "classic", None),
                  ("estimate vs measurement, median error", "heldout_median", None),
                  ("full recompute: memory saved", "full_saved", None),
-                 ("full recompute: slower by", "full_slower", None)),
+                 ("the step without full recompute, against with it", "recompute_full",
+                  None)),
                 "Its measured memory comes from committed GPU results, shown beside the "
                 "estimate."),
         Chapter("08",
@@ -138,6 +139,17 @@ CHAPTERS: dict[str, Chapter] = {
                  ("small model: BF16 seed band (validation loss)", "band_range", None)),
                 "Its long training runs and speed rounds are committed results, shown beside "
                 "the CPU lane's own."),
+        Chapter("10",
+                "FP8 GroupedLinear against BF16 at the base shape, and whether a small MoE "
+                "model trains as well in FP8",
+                "Why can FP8 lose on an MoE layer when it wins on a dense one?",
+                (("FP8 delayed against BF16, base shape", "moe_base_delayed", None),
+                 ("GroupedLinear against a loop of nn.Linear, BF16", "moe_grouped_vs_loop",
+                  None),
+                 ("FP8 current scaling: final loss against BF16", "moe_lm_fp8_current", None),
+                 ("tokens a BF16 router sends elsewhere", "router_moved", None)),
+                "It needs one FP8 GPU; its expert-parallel section uses two GPUs of one box "
+                "where it finds them, else two CPU processes."),
     )
 }  # fmt: skip
 
@@ -154,6 +166,7 @@ FOCUS: dict[str, tuple[tuple[str, ...], int]] = {
     "06": (("1. Where the weight bytes live", "2. Training with FP8 weights"), 1),
     "07": (("Where the bytes go", "Activations, recompute"), 1),
     "09": (("Does FP8 train", "How much faster"), 1),
+    "10": (("The router", "Speed", "Accuracy"), 1),
 }
 
 
@@ -202,8 +215,8 @@ AGENDAS: dict[str, tuple[str, tuple[tuple[Block, ...], ...]]] = {
          _a(15, "Break"), _c(55, "02"), _a(60, "Lunch"), _c(90, "03"), _a(15, "Break"),
          _c(50, "04"), _a(20, "Review of day 1")),
         (_a(15, "Recap; the doctor on the two-GPU boxes"), _c(85, "05"), _a(15, "Break"),
-         _c(120, "06"), _a(45, "Lunch"), _c(60, "07"), _c(75, "08"), _a(10, "Break"),
-         _c(55, "09"), _a(20, _CARD + "; what to measure at home")),
+         _c(120, "06"), _a(45, "Lunch"), _c(80, "07"), _c(70, "08"), _a(10, "Break"),
+         _f(20, "09"), _f(35, "10"), _a(15, _CARD + "; what to measure at home")),
     )),
 }  # fmt: skip
 
