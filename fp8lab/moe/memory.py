@@ -56,6 +56,9 @@ class MoEShape:
 def padded_rows(tokens_per_expert, align: int = 16) -> int:
     """Rows after padding each expert's count up to a multiple of ``align``."""
     checks.integer("align", align)
+    if isinstance(tokens_per_expert, (str, bytes)) or not hasattr(tokens_per_expert, "__iter__"):
+        raise TypeError(f"tokens_per_expert={checks.show(tokens_per_expert)}: must be a "
+                        "sequence of token counts, one per expert")
     counts = [checks.integer("tokens_per_expert[i]", n, minimum=0) for n in tokens_per_expert]
     return sum(math.ceil(n / align) * align for n in counts)
 
