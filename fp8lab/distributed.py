@@ -25,7 +25,7 @@ from pathlib import Path
 
 from fp8lab import checks
 
-__all__ = ["MULTICAST_OFF", "command", "torchrun", "worker_environment"]
+__all__ = ["command", "torchrun", "worker_environment"]
 
 MULTICAST_OFF = {
     "NCCL_NVLS_ENABLE": "0",

@@ -180,6 +180,7 @@ def test_scaled_steps_and_efficiency():
         lambda: projection.ring_all_reduce_s(-1, 2, LINK),
         lambda: projection.ring_all_reduce_s(10, 0, LINK),
         lambda: projection.buckets(0, 10),
+        lambda: projection.buckets(1e9, 1),
         lambda: projection.dp_step_ms(4, anchor_n=1, anchor_ms=1.0, window_ms=1.0,
                                       grad_bytes=1.0, bucket_bytes=1.0, link=LINK),
         lambda: projection.efficiency(1.0, 0.0),

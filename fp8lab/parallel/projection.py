@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 from fp8lab import checks
 
+MAX_BUCKETS = 100_000
+
 __all__ = ["Link", "buckets", "dp_step_ms", "efficiency", "ring_all_reduce_s", "scaled_step_ms"]
 
 
@@ -59,6 +61,11 @@ def buckets(grad_bytes: float, bucket_bytes: float) -> list[float]:
     grad_bytes = checks.number("grad_bytes", grad_bytes, positive=True)
     bucket_bytes = checks.number("bucket_bytes", bucket_bytes, positive=True)
     full = math.ceil(grad_bytes / bucket_bytes) - 1
+    if full >= MAX_BUCKETS:
+        raise ValueError(
+            f"bucket_bytes={bucket_bytes!r}: {full + 1:.3g} buckets of {grad_bytes!r} bytes; "
+            f"at most {MAX_BUCKETS} (DDP's buckets are megabytes)"
+        )
     return [bucket_bytes] * full + [grad_bytes - full * bucket_bytes]
 
 
