@@ -1,5 +1,5 @@
 """Property-test entries of the parallelism chapter's modules: collectives, distributed (the
-launcher) and parallel (the processes it starts)."""
+launcher) and parallel (rounds across ranks, the anchored projection)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,12 @@ from pathlib import Path
 import hypothesis.strategies as st
 
 from fp8lab import collectives, distributed
-from fp8lab.parallel import jobs, worker
+from fp8lab.parallel import projection, ranks
 from tests.property_support import TINY, Entry, ints, maybe, reals
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 LAYOUTS = ("DP", "FSDP", "TP", "TP+SP", "CP")
 _FOLDER = Path(tempfile.mkdtemp(prefix="fp8lab-inputs-"))
-
-
-def _empty_run(nproc=2):
-    return distributed.launch([], nproc)
-
-
-def _save(nproc, name):
-    run = distributed.Run(nproc, "gloo", {}, {"preset": "smoke"}, 0.0)
-    return distributed.save(run, _FOLDER / name if isinstance(name, str) else name)
-
-
-def _load(name):
-    return distributed.load(name if not isinstance(name, str) else _FOLDER / name)
 
 
 def _traffic(layout, n, bus_gbs):
@@ -109,29 +96,6 @@ ENTRIES = {
             "bus_gbs": maybe(reals(1, 1000)),
         },
     ),
-    "parallel.jobs.Task": Entry(
-        jobs.Task,
-        {
-            "name": maybe(st.sampled_from(["links", "a_b", "x1"])),
-            "kind": maybe(st.sampled_from(["links", "ddp", "sleep"])),
-            "args": maybe(st.just({"seq": 16})),
-            "timeout_s": maybe(reals(1, 600)),
-        },
-    ),
-    "distributed.TaskResult": Entry(
-        distributed.TaskResult,
-        {
-            "name": maybe(st.just("t")),
-            "kind": maybe(st.just("sleep")),
-            "ok": maybe(st.booleans()),
-            "data": maybe(st.just({"rows": []})),
-            "seconds": maybe(reals(0, 10)),
-        },
-    ),
-    "distributed.Run": Entry(
-        lambda nproc, seconds: distributed.Run(nproc, "gloo", {}, {}, seconds),
-        {"nproc": maybe(ints(1, 8)), "seconds": maybe(reals(0, 100))},
-    ),
     "distributed.command": Entry(
         distributed.command,
         {
@@ -141,32 +105,42 @@ ENTRIES = {
         },
         aliases={"nnodes": ["rdzv_endpoint"]},
     ),
-    "distributed.launch": Entry(
-        lambda tasks, nproc, deadline_s: distributed.launch(tasks, nproc, deadline_s=deadline_s),
-        {
-            "tasks": maybe(st.just([])),
-            "nproc": maybe(ints(1, 4)),
-            "deadline_s": maybe(reals(1, 100)),
-        },
-        examples=20,
-    ),
-    "distributed.save": Entry(
-        _save,
-        {"nproc": maybe(ints(1, 4)), "name": maybe(st.just("saved.json"))},
-        aliases={"name": ["path"]},
-        examples=20,
-    ),
-    "distributed.load": Entry(
-        _load, {"name": maybe(st.just("missing.json"))}, aliases={"name": ["path"]}
-    ),
-    "distributed.source": Entry(
-        distributed.source, {"name": maybe(st.sampled_from(["ddp_model", "fsdp_model"]))}
+    "distributed.torchrun": Entry(
+        lambda script, nproc: distributed.torchrun(script, nproc, timeout_s=5),
+        {"script": maybe(st.just(str(_FOLDER / "missing.py"))), "nproc": maybe(ints(1, 4))},
     ),
     "distributed.worker_environment": Entry(
         distributed.worker_environment, {"extra": maybe(st.just({"A": "1"}))}
     ),
-    "parallel.worker.main": Entry(
-        worker.main,
-        {"argv": maybe(st.just(["--plan", "/nonexistent/plan.json", "--out", "/tmp"]))},
+    "parallel.projection.Link": Entry(
+        projection.Link, {"alpha_s": maybe(reals(0, 1e-3)), "bus_gbs": maybe(reals(1, 900))}
+    ),
+    "parallel.projection.ring_all_reduce_s": Entry(
+        lambda nbytes, n: projection.ring_all_reduce_s(nbytes, n, projection.Link(1e-5, 100)),
+        {"nbytes": maybe(reals(0, 1e9)), "n": maybe(ints(1, 64))},
+    ),
+    "parallel.projection.buckets": Entry(
+        projection.buckets,
+        {"grad_bytes": maybe(reals(1, 1e9)), "bucket_bytes": maybe(reals(1, 1e9))},
+    ),
+    "parallel.projection.scaled_step_ms": Entry(
+        projection.scaled_step_ms,
+        {
+            "one_ms": maybe(reals(1, 100)),
+            "anchor_ms": maybe(reals(1, 100)),
+            "traffic_s": maybe(reals(0, 1)),
+            "anchor_traffic_s": maybe(reals(1e-3, 1)),
+        },
+    ),
+    "parallel.projection.efficiency": Entry(
+        projection.efficiency, {"one_ms": maybe(reals(1, 100)), "step_ms": maybe(reals(1, 100))}
+    ),
+    "parallel.ranks.combine": Entry(
+        ranks.combine,
+        {
+            "record": maybe(st.just({"cuda": False, "orders": [["a"], ["a"]], "ranks": [
+                {"times": {"a": [[1.0], [2.0]]}, "kernel": {}, "idle": {}}]})),
+            "how": maybe(st.sampled_from(["median", "slowest", 0])),
+        },
     ),
 }

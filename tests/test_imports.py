@@ -104,7 +104,7 @@ print(json.dumps(failed))
 def test_the_walk_finds_every_module():
     files = [*ROOT.joinpath("fp8lab").rglob("*.py"), *ROOT.joinpath("tools").rglob("*.py")]
     assert len(EVERY_MODULE) == len(files)
-    assert {"fp8lab.reference.modules", "fp8lab.parallel.worker", "tools.lane"} <= set(
+    assert {"fp8lab.reference.modules", "fp8lab.parallel.ranks", "tools.lane"} <= set(
         EVERY_MODULE
     )
 

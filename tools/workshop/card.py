@@ -114,8 +114,9 @@ _BOTTOM = """\
 - Memory: FP8 weights save memory only where master weights and moments live elsewhere;
   FP8 autocast adds weight copies. → {doc}`chapter 06 <../notebooks/06_fp8_weights>`,
   {doc}`chapter 07 <../notebooks/07_memory>`
-- Several GPUs: FP8 shortens compute but not communication, so scaling efficiency drops
-  at the same batch; hide it with more work per GPU and overlap. →
+- Several GPUs: FP8 shortens compute but not the gradients DDP moves, which leaves less
+  compute to hide them; measure both precisions' efficiency against a named baseline, and
+  hide the traffic with more work per GPU and overlap. →
   {doc}`chapter 08 <../notebooks/08_parallelism>`
 """
 

@@ -121,11 +121,12 @@ CHAPTERS: dict[str, Chapter] = {
                 "estimate."),
         Chapter("08",
                 "DDP's scaling efficiency over two GPUs, in BF16 and in FP8",
-                "Why does FP8 lower the scaling efficiency at the same batch?",
-                (("DDP efficiency over rounds, BF16", "fair_ddp_bf16", None),
-                 ("DDP efficiency over rounds, FP8", "fair_ddp_fp8", None),
+                "At the same batch, what pulls FP8's scaling efficiency below BF16's, and "
+                "what pulls it above?",
+                (("DDP efficiency over rounds (median rank), BF16", "fair_ddp_bf16", None),
+                 ("DDP efficiency over rounds (median rank), FP8", "fair_ddp_fp8", None),
                  ("all-reduce bus bandwidth β (GB/s)", "ar_beta", None),
-                 ("best layout", "best_layout", None)),
+                 ("fastest FP8 layout per GPU", "best_layout", None)),
                 "It needs two GPUs of one box: give those boxes to pairs. Without them it runs "
                 "on two CPU processes; the context-parallel and Userbuffers rows need GPUs and "
                 "come from the page."),
