@@ -119,7 +119,8 @@ def test_paired_needs_five_seeds_and_finite_values():
 
 
 def test_rounds_time_every_alternative_in_alternating_order():
-    steps = {"short": lambda: time.sleep(0.001), "long": lambda: time.sleep(0.003)}
+    # long enough that a loaded machine's late wake-ups (milliseconds) cannot hide a 3x gap
+    steps = {"short": lambda: time.sleep(0.02), "long": lambda: time.sleep(0.06)}
     result = protocol.rounds(steps, rounds=4, calls=2, warmup=1, device="cpu")
     assert result.orders == (("short", "long"), ("long", "short")) * 2
     assert all(len(result.times[name]) == 4 for name in steps)

@@ -415,3 +415,11 @@ def test_the_grader_is_one_attribute_away_from_the_package():
     assert "workshop" not in fp8lab._LAZY
     with pytest.raises(AttributeError, match="no_such_kit"):
         fp8lab.no_such_kit  # noqa: B018
+
+
+def test_a_questions_code_block_stays_a_block():
+    from tools.workshop.notebooks import _question_text
+
+    text = "Time this:\n   more words.\n\n   ```python\n   a = 1\n   b = 2\n   ```\n"
+    assert _question_text(text) == "Time this: more words.\n\n```python\na = 1\nb = 2\n```"
+    assert _question_text("one\n   line") == "one line"
