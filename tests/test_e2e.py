@@ -158,8 +158,8 @@ def test_the_margin_is_read_in_compute_from_bf16s_own_runs():
     assert margin["nats"] == pytest.approx(0.05)
     assert stats.by_seed(runs, "delayed") == pytest.approx({s: 3.03 + s / 100 for s in range(5)})
     assert stats.by_seed(runs, "bf16", 270)[0] == pytest.approx(3.10)
-    # BF16's mean curve reaches the delayed runs' mean final loss (3.05) at step 285
-    assert stats.bf16_steps_to(runs, 3.05) == pytest.approx(285)
+    # BF16's mean curve (3.12, 3.07, 3.02) reaches 3.05 two fifths of the way from 285 to 300
+    assert stats.bf16_steps_to(runs, 3.05) == pytest.approx(291)
     assert stats.bf16_steps_to(runs, 2.0) is None  # below anything BF16 reached
     flat = [_record("bf16", s, (3.0, 3.0, 3.0)) for s in range(5)]
     with pytest.raises(ValueError, match="descend"):

@@ -152,8 +152,9 @@ def measure(bench, models=MODELS, rounds=None, steps=None, warmup: int = 5, log=
 
 def comparison(record: dict, model: str, setting: str, baseline: str = ANCHOR):
     """``setting`` against ``baseline`` (a :class:`fp8lab.protocol.Comparison`, above 1:
-    ``setting`` is faster) from the first group of ``model`` that timed both, or None."""
-    for group in record["models"][model]["groups"]:
+    ``setting`` is faster) from the first group of ``model`` that timed both, or None (also
+    where ``model`` was not measured)."""
+    for group in record.get("models", {}).get(model, {}).get("groups", []):
         times = group["ms_per_step"]
         if setting in times and baseline in times:
             per_round = {n: [[ms] for ms in times[n]] for n in (setting, baseline)}
