@@ -96,7 +96,7 @@ def test_the_schedule_warms_up_then_follows_a_cosine():
     points = plan.eval_points(plan.steps)
     assert points[-1] == plan.steps
     assert {plan.before_end(0.05), plan.before_end(0.10)} <= set(points)
-    assert plan.before_end(0.05) == 285 and plan.before_end(0.10) == 270
+    assert plan.before_end(0.05) == 190 and plan.before_end(0.10) == 180
     with pytest.raises(ValueError, match="share"):
         plan.before_end(0.9)
 

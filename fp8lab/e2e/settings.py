@@ -107,7 +107,7 @@ class Plan:
 
 
 PLANS = {
-    ("llama", "full"): Plan(16, 1024, 300, 3e-4, 30, eval_every=30),
+    ("llama", "full"): Plan(16, 1024, 200, 3e-4, 20, eval_every=25),
     ("large", "full"): Plan(1, 8192, 20, 1e-4, 2, eval_every=20),
     ("llama", "smoke"): Plan(4, 64, 6, 2e-3, 2, eval_every=3, eval_batches=2),
     ("large", "smoke"): Plan(2, 128, 4, 1e-3, 1, eval_every=4, eval_batches=2),
