@@ -57,6 +57,15 @@ ENTRIES = {
         {"model": maybe(st.just(MODEL)), "batches": maybe(st.just(BATCHES))},
         examples=10,
     ),
+    "e2e.RotaryStandIn": Entry(
+        lambda dim, seq, offset: tuple(e2e.RotaryStandIn(dim)(seq, offset).shape),
+        {
+            "dim": maybe(st.sampled_from([2, 8, 64, 128])),
+            "seq": st.integers(1, 64),  # valid only: forward adds offset before checking it
+            "offset": maybe(st.integers(0, 8)),
+        },
+        examples=20,
+    ),
     "e2e.Bench": Entry(
         _bench,
         {

@@ -158,6 +158,8 @@ def test_the_margin_is_read_in_compute_from_bf16s_own_runs():
     assert margin["nats"] == pytest.approx(0.05)
     assert stats.by_seed(runs, "delayed") == pytest.approx({s: 3.03 + s / 100 for s in range(5)})
     assert stats.by_seed(runs, "bf16", 270)[0] == pytest.approx(3.10)
+    # the control's step comes from the runs' own length, whatever preset reads them
+    assert stats.before_end(runs, 0.10) == 270 and stats.before_end(runs, 0.05) == 285
     # BF16's mean curve (3.12, 3.07, 3.02) reaches 3.05 two fifths of the way from 285 to 300
     assert stats.bf16_steps_to(runs, 3.05) == pytest.approx(291)
     assert stats.bf16_steps_to(runs, 2.0) is None  # below anything BF16 reached

@@ -61,6 +61,18 @@ def mean_curve(runs, setting: str) -> tuple[np.ndarray, np.ndarray]:
             np.array([float(np.mean(losses[i])) for i in keep]))
 
 
+def before_end(runs, share: float, baseline: str = "bf16") -> int:
+    """The step ``share`` of ``baseline``'s planned steps before their end, as
+    :meth:`~fp8lab.e2e.settings.Plan.before_end` gives it, from the runs' own length (committed
+    full-size runs read under the smoke preset keep theirs)."""
+    share = checks.number("share", share, positive=True, maximum=0.5)
+    mine = [r for r in _runs(runs) if r["setting"] == baseline and not r.get("error")]
+    if not mine:
+        raise ValueError(f"baseline={baseline!r}: no run without an error")
+    last = mine[0]["steps_planned"]
+    return last - max(1, round(share * last))
+
+
 def compute_margin(runs, share: float, baseline: str = "bf16") -> dict:
     """The margin of a compute ``share`` (e.g. 0.05) in nats: ``baseline``'s validation loss
     at ``(1 - share)`` of its steps minus at the end, paired by seed and averaged. Returns
@@ -70,7 +82,7 @@ def compute_margin(runs, share: float, baseline: str = "bf16") -> dict:
     if not mine:
         raise ValueError(f"baseline={baseline!r}: no run to read the margin from")
     last = mine[0]["steps_planned"]
-    start = last - max(1, round(share * last))  # as Plan.before_end
+    start = before_end(mine, share, baseline)
     early, end = by_seed(mine, baseline, start), by_seed(mine, baseline, last)
     seeds = sorted(set(early) & set(end))
     if not seeds:
