@@ -76,7 +76,7 @@ MEASURE_JS = r"""((codeBudget) => {
   };
   const shown = el => el.getClientRects().length > 0 && !el.closest('details:not([open])');
   const scrollsInColumn = el => {
-    for (let box = el.parentElement; box && box !== article; box = box.parentElement) {
+    for (let box = el; box && box !== article; box = box.parentElement) {
       const overflow = getComputedStyle(box).overflowX, r = box.getBoundingClientRect();
       if ((overflow === 'auto' || overflow === 'scroll') && r.left >= left - 1
           && r.right <= right + 1) return true;
@@ -84,10 +84,11 @@ MEASURE_JS = r"""((codeBudget) => {
     return false;
   };
   const round = x => Math.round(x);
+  // a table that scrolls inside its own box is as wide as its content, not as its box
+  const widthOf = t => Math.max(t.getBoundingClientRect().width, t.scrollWidth);
   const wide = [...document.querySelectorAll('div.cell_output table')]
-    .filter(t => shown(t) && t.getBoundingClientRect().width > right - left + 1)
-    .map(t => ({...where(t), width: round(t.getBoundingClientRect().width),
-                scrolls: scrollsInColumn(t)}));
+    .filter(t => shown(t) && widthOf(t) > right - left + 1)
+    .map(t => ({...where(t), width: round(widthOf(t)), scrolls: scrollsInColumn(t)}));
   const tables = wide.filter(t => !t.scrolls).map(({scrolls, ...t}) => t);
   const scrolling = wide.filter(t => t.scrolls).length;
   const code = [...document.querySelectorAll('div.cell_input')]
