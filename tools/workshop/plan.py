@@ -131,15 +131,23 @@ CHAPTERS: dict[str, Chapter] = {
                 "on two CPU processes; the context-parallel and Userbuffers rows need GPUs and "
                 "come from the page."),
         Chapter("09",
-                "whether FP8 trains as well as BF16, and whether it pays on each model",
-                "What would make FP8 pay on the small model, and at what cost?",
-                (("small model: TE delayed FP8 over TE BF16", "small_te_delayed_x",
-                  "small_te_delayed_rounds"),
-                 ("large model: TE delayed FP8 over TE BF16", "large_te_delayed_x",
+                "whether each FP8 recipe trains the Llama-shaped model as well as BF16, and "
+                "whether it pays on the whole training step",
+                "What speed-up would pay for an FP8 recipe's accuracy cost, and which recipe "
+                "would you pick?",
+                (("delayed scaling: final validation loss against BF16", "accuracy_delayed",
+                  None),
+                 ("current scaling: final validation loss against BF16", "accuracy_current",
+                  None),
+                 ("block scaling: final validation loss against BF16", "accuracy_block", None),
+                 ("trained model: TE delayed FP8 over TE BF16", "llama_te_delayed_x",
+                  "llama_te_delayed_rounds"),
+                 ("five Llama 3 8B layers: TE delayed FP8 over TE BF16", "large_te_delayed_x",
                   "large_te_delayed_rounds"),
-                 ("small model: BF16 seed band (validation loss)", "band_range", None)),
-                "Its long training runs and speed rounds are committed results, shown beside "
-                "the CPU lane's own."),
+                 ("BF16 seed band (final validation loss)", "band_range", None)),
+                "Its accuracy runs and speed rounds are committed GPU results, which the page "
+                "reads on any machine; the live steps and the first-update probe run on the "
+                "CPU at smoke size."),
         Chapter("10",
                 "FP8 GroupedLinear against BF16 at the base shape, and whether a small MoE "
                 "model trains as well in FP8",
