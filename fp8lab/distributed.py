@@ -4,7 +4,9 @@ A notebook is one process; training on N GPUs takes N processes that find each o
 :func:`torchrun` starts ``python -m torch.distributed.run --standalone --nproc-per-node N
 SCRIPT ARGS_JSON RESULT_JSON``, waits for it (up to ``timeout_s``) and returns what rank 0
 wrote at ``RESULT_JSON``; a job that fails or runs too long comes back as ``{"error": ...}``
-with the end of its log, so that a chapter shows the failure rather than stopping on it.
+with the end of its log (and whatever rank 0 had written by then), so that a chapter shows
+the failure rather than stopping on it. A job stopped for its time has its workers stopped
+too, so that they do not hold the GPUs the next job needs.
 
 Every process gets :data:`MULTICAST_OFF`: NVLink SHARP (multicast) stays off for NCCL,
 PyTorch's symmetric memory and NVSHMEM, and TE's Userbuffers use CUDA IPC (``UB_SKIPMC=1``).
@@ -15,8 +17,10 @@ That suits GPUs that cannot use multicast; where they can, drop these variables.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -94,8 +98,9 @@ def torchrun(
     env: Mapping[str, str] | None = None,
 ) -> dict:
     """Run ``script`` on ``nproc`` processes; return the JSON its rank 0 wrote at the path
-    given as its second argument (its first is ``args`` as JSON), with ``seconds`` added, or
-    ``{"error": ..., "seconds": ...}`` when the job failed, wrote nothing or timed out."""
+    given as its second argument (its first is ``args`` as JSON), with ``seconds`` added;
+    with ``"error"`` added too when the job failed, wrote nothing or timed out (then the
+    JSON is whatever rank 0 had written, possibly nothing)."""
     import time
 
     path = Path(script) if isinstance(script, (str, os.PathLike)) else None
@@ -112,24 +117,47 @@ def torchrun(
         result = Path(folder) / "result.json"
         argv = command(nproc, str(path)) + [payload, str(result)]
         begin = time.monotonic()
+        job = subprocess.Popen(
+            argv, cwd=path.parent, env=worker_environment(env), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, text=True, errors="replace",
+        )
         try:
-            done = subprocess.run(
-                argv,
-                cwd=path.parent,
-                env=worker_environment(env),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                timeout=timeout_s,
-                start_new_session=True,
-                text=True,
-                errors="replace",
-            )
-            log, code = done.stdout, done.returncode
-        except subprocess.TimeoutExpired as expired:
-            log = expired.stdout or ""
-            log = log.decode(errors="replace") if isinstance(log, bytes) else log
-            log, code = f"{log}\ntimed out after {timeout_s:g} s", None
+            log, _ = job.communicate(timeout=timeout_s)
+            code = job.returncode
+        except subprocess.TimeoutExpired:
+            log, code = _stop(job) + f"\ntimed out after {timeout_s:g} s", None
         seconds = time.monotonic() - begin
-        if code == 0 and result.is_file():
-            return {**json.loads(result.read_text()), "seconds": seconds}
-    return {"error": f"exit code {code}\n{log[-LOG_TAIL:]}", "seconds": seconds}
+        found = json.loads(result.read_text()) if result.is_file() else {}
+    if code == 0 and found:
+        return {**found, "seconds": seconds}
+    return {**found, "error": f"exit code {code}\n{log[-LOG_TAIL:]}", "seconds": seconds}
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux's /proc; none found elsewhere)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _stop(job: subprocess.Popen) -> str:
+    """Stop a torchrun that ran too long, and its workers: torchrun starts each worker in
+    a session of its own, so killing torchrun alone would leave them holding the GPUs.
+    SIGTERM first (torchrun passes it on), then SIGKILL to whatever is left; its log."""
+    workers = _children(job.pid)
+    job.send_signal(signal.SIGTERM)
+    try:
+        log, _ = job.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        log, _ = job.communicate()
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return log or ""

@@ -7,6 +7,8 @@ import statistics
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -274,6 +276,39 @@ def test_torchrun_returns_rank_zeros_result(worker_file):
 def test_a_failed_job_comes_back_as_an_error(worker_file):
     result = distributed.torchrun(worker_file, 2, {"fail": True}, timeout_s=120)
     assert set(result) == {"error", "seconds"} and "exit code" in result["error"]
+
+
+HANGING = """
+import json, os, sys, time
+from pathlib import Path
+
+rank = int(os.environ["RANK"])
+Path(sys.argv[2] + f".pid{rank}").write_text(str(os.getpid()))
+if rank == 0:
+    Path(sys.argv[2]).write_text(json.dumps({"written": "before the hang"}))
+time.sleep(600)
+"""
+
+
+def test_a_job_past_its_time_is_stopped_with_its_workers(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text(HANGING)
+    seen = {}
+    real = distributed._stop
+
+    def stop(job):  # note the workers' pids before they are stopped
+        folder = Path(job.args[-1]).parent
+        seen.update({p.name: int(p.read_text()) for p in folder.glob("result.json.pid*")})
+        return real(job)
+
+    with mock.patch.object(distributed, "_stop", stop):
+        result = distributed.torchrun(script, 2, timeout_s=8)
+    assert "timed out after 8 s" in result["error"]
+    assert result["written"] == "before the hang"  # what rank 0 wrote is kept
+    assert len(seen) == 2
+    for pid in seen.values():
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(
+            f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def test_the_launcher_refuses_bad_input(tmp_path):

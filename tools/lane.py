@@ -21,10 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
-
 from fp8lab import stamp
 from tools import stamps, verdicts
 
@@ -38,6 +34,10 @@ def partial_path(path: Path) -> Path:
 
 def execute(path: Path, environment: dict[str, str], cell_timeout_s: int = 900) -> bool:
     """Execute the notebook at ``path`` in place; print each cell's seconds; True on success."""
+    import nbformat  # Jupyter's stack: needed to run a chapter, not to check its stamp
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
     notebook = nbformat.read(path, as_version=4)
     partial = partial_path(path)
     clock = {"cell": time.perf_counter()}
