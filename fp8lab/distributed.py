@@ -126,6 +126,9 @@ def torchrun(
             code = job.returncode
         except subprocess.TimeoutExpired:
             log, code = _stop(job) + f"\ntimed out after {timeout_s:g} s", None
+        except BaseException:  # an interrupt: leave no job behind
+            _stop(job)
+            raise
         seconds = time.monotonic() - begin
         found = json.loads(result.read_text()) if result.is_file() else {}
     if code == 0 and found:
@@ -146,18 +149,27 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _stop(job: subprocess.Popen) -> str:
+def _stop(job: subprocess.Popen, grace_s: float = 10.0) -> str:
     """Stop a torchrun that ran too long, and its workers: torchrun starts each worker in
-    a session of its own, so killing torchrun alone would leave them holding the GPUs.
-    SIGTERM first (torchrun passes it on), then SIGKILL to whatever is left; its log."""
+    a session of its own, so killing torchrun alone would leave them holding the GPUs (and
+    the log's pipe open). SIGTERM first (torchrun passes it on), then SIGKILL to each
+    worker's process group and to torchrun; the log read so far."""
     workers = _children(job.pid)
     job.send_signal(signal.SIGTERM)
     try:
-        log, _ = job.communicate(timeout=30)
+        log, _ = job.communicate(timeout=grace_s)
     except subprocess.TimeoutExpired:
+        log = None
+    for pid in workers:  # each leads a session and group of its own: both, to be sure
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)
+    if log is None:
         job.kill()
-        log, _ = job.communicate()
-    for pid in workers:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+        try:
+            log, _ = job.communicate(timeout=grace_s)
+        except subprocess.TimeoutExpired:  # something still holds the pipe: stop reading
+            job.stdout.close()
+            job.wait()
+            log = ""
     return log or ""
