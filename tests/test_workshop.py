@@ -383,9 +383,9 @@ def test_setup_bare_refuses_a_missing_wheelhouse(tmp_path):
 def test_setup_bare_refuses_chapters_the_book_does_not_have(tmp_path, capsys):
     from tools import setup_bare
 
-    for chapters in ("99", "00,3", ""):
+    for named in ("99", "00,3", ""):
         with pytest.raises(SystemExit):
-            setup_bare.main(["--wheelhouse", str(tmp_path), "--chapters", chapters])
+            setup_bare.main(["--wheelhouse", str(tmp_path), "--chapters", named])
         assert "--chapters" in capsys.readouterr().err
 
 
