@@ -380,6 +380,15 @@ def test_setup_bare_refuses_a_missing_wheelhouse(tmp_path):
         setup_bare.main(["--wheelhouse", str(tmp_path / "none")])
 
 
+def test_setup_bare_refuses_chapters_the_book_does_not_have(tmp_path, capsys):
+    from tools import setup_bare
+
+    for named in ("99", "00,3", ""):
+        with pytest.raises(SystemExit):
+            setup_bare.main(["--wheelhouse", str(tmp_path), "--chapters", named])
+        assert "--chapters" in capsys.readouterr().err
+
+
 def test_the_set_up_targets_exist():
     text = (outputs.ROOT / "Makefile").read_text()
     for target in ("doctor:", "wheelhouse:", "install-offline:", "te-wheel:"):
@@ -415,3 +424,11 @@ def test_the_grader_is_one_attribute_away_from_the_package():
     assert "workshop" not in fp8lab._LAZY
     with pytest.raises(AttributeError, match="no_such_kit"):
         fp8lab.no_such_kit  # noqa: B018
+
+
+def test_a_questions_code_block_stays_a_block():
+    from tools.workshop.notebooks import _question_text
+
+    text = "Time this:\n   more words.\n\n   ```python\n   a = 1\n   b = 2\n   ```\n"
+    assert _question_text(text) == "Time this: more words.\n\n```python\na = 1\nb = 2\n```"
+    assert _question_text("one\n   line") == "one line"

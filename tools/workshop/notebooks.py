@@ -15,6 +15,7 @@ import ast
 import functools
 import json
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +116,19 @@ def _exercise_markdown(chapter) -> str:
     return "\n".join(parts)
 
 
+def _question_text(markdown: str) -> str:
+    """A question's prose on one line each paragraph; a fenced code block kept whole, on lines
+    of its own, its list-item indent removed."""
+    pieces = re.split(r"(^[ \t]*```.*?^[ \t]*```[ \t]*$)", markdown, flags=re.MULTILINE | re.DOTALL)
+    text = []
+    for number, piece in enumerate(pieces):
+        if number % 2:
+            text.append(textwrap.dedent(piece).strip())
+        elif piece.strip():
+            text.append(" ".join(line.strip() for line in piece.strip().splitlines()))
+    return "\n\n".join(text)
+
+
 def exercises(chapter) -> list[Exercise]:
     """The chapter's own exercises: each numbered question with its dropdown answer."""
     key = chapter_key(chapter)
@@ -124,7 +138,7 @@ def exercises(chapter) -> list[Exercise]:
     )
     found = []
     for match in pattern.finditer(_exercise_markdown(key)):
-        question = " ".join(line.strip() for line in match.group(2).strip().splitlines())
+        question = _question_text(match.group(2))
         found.append(Exercise(f"{key}.{match.group(1)}", question, match.group(3).strip()))
     return found
 
