@@ -3,8 +3,11 @@ the code here now; every setting it times on the trained model is graphed or say
 comparisons are per-round ratios; the measurement runs at smoke size."""
 
 import json
+import sys
+import types
 
 import pytest
+import torch
 
 from fp8lab import e2e, protocol
 from fp8lab import stamp as lane
@@ -70,6 +73,43 @@ def test_the_class_call_is_put_back_after_a_capture():
     assert "__call__" not in Model.__dict__
     with pytest.raises(TypeError, match="cls"), e2e_speed.class_call_kept(Model()):
         pass
+
+
+def test_a_failed_capture_leaves_no_capturing_flag_behind(monkeypatch):
+    flag = {"capturing": True}  # TE's flag, as a capture that raised leaves it
+    graph = types.ModuleType("transformer_engine.pytorch.graph")
+    graph.set_capture_end = lambda: flag.update(capturing=False)
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.graph", graph)
+
+    class Model:
+        pass
+
+    with pytest.raises(RuntimeError), e2e_speed.class_call_kept(Model):
+        raise RuntimeError("capture refused")
+    assert flag == {"capturing": False}
+
+
+def test_a_group_where_one_side_refused_graphs_is_timed_without_graphs(monkeypatch):
+    built = []
+
+    def first_steps(bench, model, name, graphs, warmup):
+        built.append((name, graphs))
+        graphed = graphs and name == "bf16"  # the FP8 side's capture was refused
+        return (lambda: None), {"graphs": "te.make_graphed_callables" if graphed else None,
+                                "refused": None if graphed or not graphs else "refused"}
+
+    class Bench:
+        device = torch.device("cpu")
+
+        def release(self):
+            pass
+
+    monkeypatch.setattr(e2e_speed, "_first_steps", first_steps)
+    timed = e2e_speed.time_group(Bench(), "llama", ("bf16", "delayed"), 2, 1, 0)
+    assert built[2:] == [("bf16", False), ("delayed", False)]  # rebuilt, both without
+    assert all(ran["graphs"] is None for ran in timed["what_ran"].values())
+    assert timed["what_ran"]["delayed"]["refused"] == "refused"
+    assert "another side" in timed["what_ran"]["bf16"]["refused"]
 
 
 def test_the_measurement_runs_on_the_reference(tmp_path, monkeypatch):

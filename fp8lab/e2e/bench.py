@@ -109,6 +109,9 @@ class Bench:
         manager = getattr(getattr(self.te, "quantization", None), "FP8GlobalStateManager", None)
         if manager is not None:
             manager.reset()
+        from fp8lab.e2e.speed import end_te_capture
+
+        end_te_capture()
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -137,8 +137,9 @@ def speed_table(record: dict | None) -> pd.DataFrame:
 
 def projection(record: dict, target: TransformerConfig, tokens: float, seq: int) -> pd.DataFrame:
     """GPU-hours to train ``target`` on ``tokens`` at the large shape's measured rates, which
-    must have been timed at ``seq``: its layers at each setting's rate, its LM head (BF16 in
-    every setting) at TE BF16's. One GPU's rate, perfect scaling: a lower bound."""
+    must have been timed at ``seq``: its layers at each setting's rate (TE BF16's rate times
+    the setting's paired ratio to it, so that drift between groups cancels), its LM head
+    (BF16 in every setting) at TE BF16's. One GPU's rate, perfect scaling: a lower bound."""
     entry = record["models"]["large"]
     timed_at = entry["config"]["max_seq_len"]
     if timed_at != seq:
@@ -150,11 +151,11 @@ def projection(record: dict, target: TransformerConfig, tokens: float, seq: int)
     if bf16_key not in table.index:
         return pd.DataFrame()
     bf16 = entry["flops_per_step"] / (table.loc[bf16_key, "GPU ms"] / 1e3)
-    for name in RECIPES:
-        key = ("large", SETTINGS[name].label)
-        if key not in table.index:
+    for name in RECIPES:  # each recipe's rate from its paired ratio to BF16, not its own ms
+        found = comparison(record, "large", name) if name != ANCHOR else None
+        if name != ANCHOR and found is None:
             continue
-        rate = entry["flops_per_step"] / (table.loc[key, "GPU ms"] / 1e3)
+        rate = bf16 * (1.0 if found is None else found.estimate)
         seconds = tokens * (layers / rate + head / bf16)
         rows[SETTINGS[name].label] = {"model TFLOP/s": rate / 1e12,
                                       "GPU-hours (M)": seconds / 3600 / 1e6}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from dataclasses import asdict
 
@@ -39,10 +40,21 @@ ROUNDS = {"llama": (7, 10), "large": (5, 5)}  # (rounds, steps per round)
 SCHEMA = 3
 
 
+def end_te_capture() -> None:
+    """Clear TE's "capturing" flag. ``te.make_graphed_callables`` sets it when it starts and
+    clears it only when it finishes; after a capture that raised it stays set, and TE then
+    skips every backward scale update of delayed scaling (TE 2.20: ``graph.py``)."""
+    graph = sys.modules.get("transformer_engine.pytorch.graph")
+    end = getattr(graph, "set_capture_end", None)
+    if end is not None:
+        end()
+
+
 @contextlib.contextmanager
 def class_call_kept(cls: type):
-    """Put ``cls.__call__`` back as it was on leaving: ``te.make_graphed_callables`` wraps the
-    class's ``__call__`` while it captures and does not undo it when the capture fails."""
+    """Put ``cls.__call__`` back as it was on leaving, and TE's capturing flag down:
+    ``te.make_graphed_callables`` wraps the class's ``__call__`` while it captures and undoes
+    neither when the capture fails."""
     if not isinstance(cls, type):
         raise TypeError(f"cls={checks.show(cls)}: must be a class")
     own = "__call__" in cls.__dict__
@@ -54,6 +66,7 @@ def class_call_kept(cls: type):
             cls.__call__ = saved
         elif "__call__" in cls.__dict__:
             del cls.__call__
+        end_te_capture()
 
 
 def build_step(bench, model: str, name: str, graphs: bool):
@@ -104,6 +117,14 @@ def time_group(bench, model: str, settings, rounds: int, steps: int, warmup: int
     step_of, what_ran = {}, {}
     for name in settings:
         step_of[name], what_ran[name] = _first_steps(bench, model, name, GRAPHED[model], warmup)
+    if len({bool(w["graphs"]) for w in what_ran.values()}) > 1:  # one side refused graphs:
+        refused = {n: w["refused"] for n, w in what_ran.items()}  # time every side without
+        del step_of
+        bench.release()
+        step_of = {}
+        for name in settings:
+            step_of[name], what_ran[name] = _first_steps(bench, model, name, False, warmup)
+            what_ran[name]["refused"] = refused[name] or "graphs off: another side refused"
     timed = protocol.rounds(step_of, rounds=rounds, calls=steps, warmup=0, kernel_time=None,
                             device=bench.device)
     del step_of
