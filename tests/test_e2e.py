@@ -273,3 +273,10 @@ def test_the_command_line_refuses_bad_flags_without_a_traceback(argv):
     result = _cli(*argv)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and "error:" in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal off the GPU")
+def test_the_command_line_refuses_smoke_runs_it_was_not_asked_for(tmp_path):
+    result = _cli("--group", "accuracy", "--seeds", "0", "--out", str(tmp_path))
+    assert result.returncode == 2 and "--preset smoke" in result.stderr
+    assert not list(tmp_path.iterdir())

@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     begin = time.perf_counter()
     print(fp8lab.banner(), flush=True)
     bench = e2e.Bench(args.preset, log=lambda message: print(message, flush=True))
+    if not args.plan and args.preset is None and bench.preset != "full":
+        parser.error(f"no GPU with TE here (the preset would be {bench.preset!r}): these would "
+                     "be unstamped runs beside the stamped ones; pass --preset smoke to mean it")
     if args.plan:
         print(e2e.describe_plan(bench))
         return 0
