@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import collections
 import json
 import re
 import struct
@@ -240,7 +241,8 @@ def missing_or_repeated_cell_ids(notebook: dict) -> list[str]:
     cells = notebook.get("cells", [])
     ids = [cell.get("id") for cell in cells if cell.get("id")]
     missing = [f"{len(cells) - len(ids)} cells have no id"] if len(ids) < len(cells) else []
-    return missing + sorted({f"cell id {i} appears {ids.count(i)} times" for i in ids if ids.count(i) > 1})
+    repeated = sorted((i, n) for i, n in collections.Counter(ids).items() if n > 1)
+    return missing + [f"cell id {i} appears {n} times" for i, n in repeated]
 
 
 RULES = (

@@ -1,9 +1,13 @@
 """The GPU lane: execute the chapters on a GPU box and stamp them; report every stamp's state.
 
 ``python -m tools.lane run [NOTEBOOK ...]`` executes each chapter of ``_toc.yml`` (or the ones
-named) in place, one at a time (nbmake ``--overwrite``, preset ``full``), and stamps it
-(:mod:`tools.stamps`). ``python -m tools.lane verdicts [NOTEBOOK ...]``, in a GPU session other
-than the stamp's, executes them again into copies and reports every glued verdict that flipped
+named) in place, one at a time (preset ``full``), and stamps it (:mod:`tools.stamps`). It prints
+each cell's seconds as it goes and keeps the cells run so far in ``NAME.partial.ipynb`` beside
+the chapter, so that a run stopped by a time limit still says where it got and what each cell
+cost; the partial copy is removed when the chapter completes.
+
+``python -m tools.lane verdicts [NOTEBOOK ...]``, in a GPU session other than the stamp's,
+executes them again into copies and reports every glued verdict that flipped
 (:mod:`tools.verdicts`; exit code 1 on a flip). ``python -m tools.lane check`` prints each
 chapter's state (fresh, pending, broken) and whether its stamp was re-run, and exits non-zero
 only when one is broken. ``list`` prints the chapters.
@@ -13,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,23 +27,61 @@ from tools import stamps, verdicts
 ROOT = stamps.ROOT
 
 
-def run(paths: list[Path], python: str = sys.executable) -> int:
+def partial_path(path: Path) -> Path:
+    """Where a running chapter keeps the cells executed so far."""
+    return path.with_name(path.stem + ".partial.ipynb")
+
+
+def execute(path: Path, environment: dict[str, str], cell_timeout_s: int = 900) -> bool:
+    """Execute the notebook at ``path`` in place; print each cell's seconds; True on success."""
+    import nbformat  # Jupyter's stack: needed to run a chapter, not to check its stamp
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    notebook = nbformat.read(path, as_version=4)
+    partial = partial_path(path)
+    clock = {"cell": time.perf_counter()}
+
+    def started(cell, cell_index):
+        clock["cell"] = time.perf_counter()
+
+    def finished(cell, cell_index, execute_reply):
+        print(f"  cell {cell_index}: {time.perf_counter() - clock['cell']:.1f} s", flush=True)
+        nbformat.write(notebook, partial)
+
+    client = NotebookClient(
+        notebook, timeout=cell_timeout_s, kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        on_cell_execute=started, on_cell_executed=finished,
+    )
+    try:
+        client.execute(env=environment)
+    except CellExecutionError as error:
+        nbformat.write(notebook, partial)
+        print(str(error)[-4000:], flush=True)
+        return False
+    nbformat.write(notebook, path)
+    partial.unlink(missing_ok=True)
+    return True
+
+
+def run(paths: list[Path]) -> int:
     """Execute and stamp each notebook; return the number that failed."""
     machine = stamp.where_it_runs()
     environment = dict(os.environ, FP8LAB_PRESET="full")
     failures = 0
     for path in paths:
+        print(f"running {path.name}", flush=True)
         begin = time.perf_counter()
-        command = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbmake"]
-        command += ["--nbmake-timeout=900", "--overwrite", str(path)]
-        result = subprocess.run(command, env=environment, cwd=ROOT)
+        done = execute(path, environment)
         seconds = time.perf_counter() - begin
-        if result.returncode == 0:
+        if done:
             stamps.stamp_notebook(path, seconds, machine)
             print(f"stamped {path.name}: {seconds:.0f} s on {machine['gpu_name']}", flush=True)
         else:
             failures += 1
-            print(f"FAILED {path.name} after {seconds:.0f} s (not stamped)", flush=True)
+            print(f"FAILED {path.name} after {seconds:.0f} s (not stamped; cells run so far in "
+                  f"{partial_path(path).name})", flush=True)
     return failures
 
 
