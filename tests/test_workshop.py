@@ -380,6 +380,15 @@ def test_setup_bare_refuses_a_missing_wheelhouse(tmp_path):
         setup_bare.main(["--wheelhouse", str(tmp_path / "none")])
 
 
+def test_setup_bare_refuses_chapters_the_book_does_not_have(tmp_path, capsys):
+    from tools import setup_bare
+
+    for named in ("99", "00,3", ""):
+        with pytest.raises(SystemExit):
+            setup_bare.main(["--wheelhouse", str(tmp_path), "--chapters", named])
+        assert "--chapters" in capsys.readouterr().err
+
+
 def test_the_set_up_targets_exist():
     text = (outputs.ROOT / "Makefile").read_text()
     for target in ("doctor:", "wheelhouse:", "install-offline:", "te-wheel:"):

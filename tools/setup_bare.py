@@ -1,6 +1,6 @@
 """Time the book's set-up on a bare GPU machine without network, as a workshop room has it.
 
-    python3 tools/setup_bare.py --wheelhouse wheelhouse [--system-site]
+    python3 tools/setup_bare.py --wheelhouse wheelhouse [--system-site] [--chapters 00,03]
 
 From the project's root, with nothing installed but the machine's own Python (and, with
 ``--system-site``, the torch it already has), it times four steps, each in a fresh process:
@@ -10,7 +10,8 @@ From the project's root, with nothing installed but the machine's own Python (an
    network is used);
 3. ``make doctor``: the pre-flight, its exit status kept;
 4. the first chapter (``notebooks/00_your_gpu.ipynb``) executed headless on a copy, on the
-   preset the machine gets (``full`` on a GPU).
+   preset the machine gets (``full`` on a GPU); with ``--chapters``, each chapter named, in
+   order (``--chapters 00,03`` is the taster agenda's pair), one step each.
 
 It writes ``tests/gpu_results/setup_bare_<gpu>_<date>.json`` with each step's seconds, exit
 status and last lines of output, whether it succeeded or not (a failed step stops the run and
@@ -35,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "tests" / "gpu_results"
 VENV = ".venv-bare"
-FIRST = "notebooks/00_your_gpu.ipynb"
+FIRST = "00"
 _TAIL = 1500
 
 _EXECUTE = """\
@@ -106,8 +107,8 @@ def _make_or(target: list[str], direct: list[list[str]], name: str, env: dict,
     return all(_step(f"{name} (no make: direct)", c, env, record) for c in direct)
 
 
-def run(wheelhouse: Path, system_site: bool) -> int:
-    """Time the four steps and write the record; return 0 when all succeeded."""
+def run(wheelhouse: Path, system_site: bool, chapters: tuple[str, ...] = (FIRST,)) -> int:
+    """Time the steps and write the record; return 0 when all succeeded."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     python, record = f"{VENV}/bin/python", []
@@ -137,14 +138,16 @@ def run(wheelhouse: Path, system_site: bool) -> int:
     work = ROOT / "lab-bare"
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(ROOT / "notebooks", work)
-    copy = work / Path(FIRST).name
-    ok = ok and _step("first chapter executed", [python, "-c", _EXECUTE, str(copy), str(work)],
-                      run_env, record)  # fmt: skip
+    for key in chapters:
+        copy = next(work.glob(f"{key}_*.ipynb"))
+        ok = ok and _step(f"chapter {key} executed", [python, "-c", _EXECUTE, str(copy),
+                                                       str(work)], run_env, record)
     shutil.rmtree(work, ignore_errors=True)
-    return _write(record, ok, wheelhouse, system_site)
+    return _write(record, ok, wheelhouse, system_site, chapters)
 
 
-def _write(record: list[dict], ok: bool, wheelhouse: Path, system_site: bool) -> int:
+def _write(record: list[dict], ok: bool, wheelhouse: Path, system_site: bool,
+           chapters: tuple[str, ...]) -> int:
     gpu = _gpu()
     now = datetime.datetime.now(datetime.timezone.utc)
     slug = re.sub(r"[^a-z0-9]+", "-", gpu.split(",")[0].lower()).strip("-") or "no-gpu"
@@ -159,6 +162,7 @@ def _write(record: list[dict], ok: bool, wheelhouse: Path, system_site: bool) ->
         "system_site": system_site,
         "network": "none used (pip --no-index)",
         "wheelhouse_files": len(files),
+        "chapters": list(chapters),
         "steps": record,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -174,10 +178,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="the folder of wheels to install from (default: ./wheelhouse)")
     parser.add_argument("--system-site", action="store_true",
                         help="let the venv see the machine's packages (its CUDA torch)")
+    parser.add_argument("--chapters", default=FIRST,
+                        help="the chapters to execute after the doctor, in order (default: 00)")
     args = parser.parse_args(argv)
     if not args.wheelhouse.is_dir():
         parser.error(f"--wheelhouse {args.wheelhouse}: no such folder (make wheelhouse makes one)")
-    return run(args.wheelhouse.resolve(), args.system_site)
+    chapters = tuple(key.strip() for key in args.chapters.split(",") if key.strip())
+    known = {p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    if not chapters or not set(chapters) <= known:
+        parser.error(f"--chapters {args.chapters!r}: name chapters by number, of {sorted(known)}")
+    return run(args.wheelhouse.resolve(), args.system_site, chapters)
 
 
 if __name__ == "__main__":
