@@ -2,11 +2,13 @@
 cells (else broken); a library change since the run makes them pending, not broken."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from fp8lab import stamp
 from tools import stamps
@@ -208,3 +210,27 @@ def test_the_lane_cli_refuses_a_missing_notebook(root):
         text=True,
     )
     assert done.returncode == 2 and "no such notebook" in done.stderr
+
+
+def test_a_chapter_runs_on_the_first_gpus_it_needs_unless_the_caller_chose(tmp_path):
+    path = _copy_of_chapter(tmp_path)
+    assert stamps.pinned_environment(path, {"A": "1"}) == {"A": "1", "CUDA_VISIBLE_DEVICES": "0"}
+    notebook = stamps.read(path)
+    notebook["metadata"][stamps.GPUS_KEY] = 2
+    path.write_text(json.dumps(notebook))
+    assert stamps.pinned_environment(path, {})["CUDA_VISIBLE_DEVICES"] == "0,1"
+    chosen = {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert stamps.pinned_environment(path, chosen) == chosen
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal off the GPU")
+def test_the_lane_stamps_nothing_without_a_gpu(tmp_path, capsys):
+    from tools import lane
+
+    path = _copy_of_chapter(tmp_path)
+    before = path.read_text()
+    with pytest.raises(RuntimeError, match="CUDA"):
+        stamps.machine_in(dict(os.environ))
+    assert lane.run([path]) == 1
+    assert "no GPU to stamp on" in capsys.readouterr().out
+    assert path.read_text() == before  # not executed, not stamped

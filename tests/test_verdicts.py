@@ -5,7 +5,6 @@ import json
 import pytest
 
 from fp8lab import protocol
-from fp8lab import stamp as stamp_writer
 from fp8lab.protocol.floor import FLIPPED, Floor
 from tools import stamps, verdicts
 
@@ -133,13 +132,16 @@ def test_a_rerun_writes_a_report_and_leaves_the_chapter_as_stamped(tmp_path, mon
     chapter.write_text(json.dumps(stamped))
     again = notebook_with(gain=speed([1.5, 1.51, 1.50]), tie=speed([1.2, 1.21, 1.19]))
 
-    def execute(copy):
+    def execute(copy, environment):
         assert copy.name == "00_x.rerun.ipynb" and copy.exists()
+        assert environment["CUDA_VISIBLE_DEVICES"] == "0"  # a one-GPU chapter, on GPU 0
+        assert environment["FP8LAB_PRESET"] == "full"
         copy.write_text(json.dumps({**again, "metadata": stamped["metadata"]}))
         return True, 12.0
 
     monkeypatch.setattr(verdicts, "_execute", execute)
-    monkeypatch.setattr(stamp_writer, "where_it_runs", lambda: {"gpu_name": "H100", "gpu_count": 1})
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(stamps, "machine_in", lambda env: {"gpu_name": "H100", "gpu_count": 1})
     report_path, flips = verdicts.run([chapter], tmp_path / "reports")
     assert flips == 1
     assert json.loads(chapter.read_text()) == stamped  # the committed chapter is untouched

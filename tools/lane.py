@@ -1,7 +1,8 @@
 """The GPU lane: execute the chapters on a GPU box and stamp them; report every stamp's state.
 
 ``python -m tools.lane run [NOTEBOOK ...]`` executes each chapter of ``_toc.yml`` (or the ones
-named) in place, one at a time (preset ``full``), and stamps it (:mod:`tools.stamps`). It prints
+named) in place, one at a time (preset ``full``), on as many GPUs as the chapter needs (the
+first ones; :func:`tools.stamps.pinned_environment`), and stamps it (:mod:`tools.stamps`). It prints
 each cell's seconds as it goes and keeps the cells run so far in ``NAME.partial.ipynb`` beside
 the chapter, so that a run stopped by a time limit still says where it got and what each cell
 cost; the partial copy is removed when the chapter completes.
@@ -21,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-from fp8lab import stamp
 from tools import stamps, verdicts
 
 ROOT = stamps.ROOT
@@ -66,12 +66,18 @@ def execute(path: Path, environment: dict[str, str], cell_timeout_s: int = 900) 
 
 
 def run(paths: list[Path]) -> int:
-    """Execute and stamp each notebook; return the number that failed."""
-    machine = stamp.where_it_runs()
-    environment = dict(os.environ, FP8LAB_PRESET="full")
+    """Execute and stamp each notebook on the GPUs it needs; return the number that failed."""
     failures = 0
     for path in paths:
-        print(f"running {path.name}", flush=True)
+        environment = stamps.pinned_environment(path, dict(os.environ, FP8LAB_PRESET="full"))
+        try:
+            machine = stamps.machine_in(environment)
+        except RuntimeError as error:
+            failures += 1
+            print(f"FAILED {path.name}: no GPU to stamp on ({error})", flush=True)
+            continue
+        print(f"running {path.name} on {machine['gpu_count']} x {machine['gpu_name']} "
+              f"(CUDA_VISIBLE_DEVICES={environment['CUDA_VISIBLE_DEVICES']})", flush=True)
         begin = time.perf_counter()
         done = execute(path, environment)
         seconds = time.perf_counter() - begin

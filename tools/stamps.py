@@ -99,6 +99,40 @@ def code_hash(notebook: dict) -> str:
     return digest.hexdigest()
 
 
+# --- the GPUs a chapter runs on ------------------------------------------------------------------
+
+
+def gpus_needed(path: Path) -> int:
+    """How many GPUs the chapter at ``path`` runs on (its :data:`GPUS_KEY`, 1 when absent)."""
+    return int(read(path)["metadata"].get(GPUS_KEY, 1))
+
+
+def pinned_environment(path: Path, base: dict[str, str]) -> dict[str, str]:
+    """``base`` with ``CUDA_VISIBLE_DEVICES`` set to the first GPUs the chapter needs, so that a
+    chapter runs on as many GPUs as its stamp must record whatever the machine has (a
+    one-GPU chapter on GPU 0 of a four-GPU box); a ``CUDA_VISIBLE_DEVICES`` already in
+    ``base`` is left as it is (the caller chose)."""
+    if "CUDA_VISIBLE_DEVICES" in base:
+        return dict(base)
+    return {**base, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus_needed(path))))}
+
+
+_MACHINE = "import json; from fp8lab import stamp; print(json.dumps(stamp.where_it_runs()))"
+
+
+def machine_in(environment: dict[str, str]) -> dict:
+    """:func:`fp8lab.stamp.where_it_runs` as a process with ``environment`` sees it (the GPUs
+    it is pinned to); raises ``RuntimeError`` with the process's error where there is none."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _MACHINE], env=environment, cwd=ROOT,
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError((done.stderr.strip().splitlines() or ["no GPU record"])[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 # --- writing a chapter's stamp -------------------------------------------------------------------
 
 

@@ -116,29 +116,30 @@ def compare(stamped: dict[str, dict], rerun: dict[str, dict]) -> list[dict]:
     return rows
 
 
-def _execute(copy: Path) -> tuple[bool, float]:
+def _execute(copy: Path, environment: dict[str, str]) -> tuple[bool, float]:
     begin = time.perf_counter()
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbmake",
                "--nbmake-timeout=900", "--overwrite", str(copy)]
-    result = subprocess.run(command, env=dict(os.environ, FP8LAB_PRESET="full"), cwd=ROOT)
+    result = subprocess.run(command, env=environment, cwd=ROOT)
     return result.returncode == 0, time.perf_counter() - begin
 
 
 def rerun(path: Path) -> dict:
     """Execute ``path`` into a copy beside it and compare its verdicts with the stamped ones."""
-    from fp8lab import stamp
+    from tools import stamps
 
     committed = json.loads(path.read_text())
     record = committed["metadata"].get(STAMP_KEY) or {}
+    environment = stamps.pinned_environment(path, dict(os.environ, FP8LAB_PRESET="full"))
+    machine = stamps.machine_in(environment)  # the GPUs the chapter runs on, as it sees them
     copy = path.with_name(path.stem + RERUN_SUFFIX)
     copy.write_text(path.read_text())
     try:
-        ok, seconds = _execute(copy)
+        ok, seconds = _execute(copy, environment)
         again = json.loads(copy.read_text())
     finally:
         copy.unlink(missing_ok=True)
     rows = compare(glued_records(committed), glued_records(again)) if ok else []
-    machine = stamp.where_it_runs()
     return {
         "stamp": {k: record.get(k) for k in ("gpu_name", "gpu_count", "date", "code_sha256",
                                              "library_sha256", "lane_seconds")},
