@@ -120,17 +120,23 @@ def pinned_environment(path: Path, base: dict[str, str]) -> dict[str, str]:
 _MACHINE = "import json; from fp8lab import stamp; print(json.dumps(stamp.where_it_runs()))"
 
 
+_MACHINES: dict[frozenset, dict] = {}  # one look per environment: it imports torch and TE
+
+
 def machine_in(environment: dict[str, str]) -> dict:
     """:func:`fp8lab.stamp.where_it_runs` as a process with ``environment`` sees it (the GPUs
     it is pinned to); raises ``RuntimeError`` with the process's error where there is none."""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _MACHINE], env=environment, cwd=ROOT,
-                          capture_output=True, text=True)  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError((done.stderr.strip().splitlines() or ["no GPU record"])[-1])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    key = frozenset(environment.items())
+    if key not in _MACHINES:
+        done = subprocess.run([sys.executable, "-c", _MACHINE], env=environment, cwd=ROOT,
+                              capture_output=True, text=True)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError((done.stderr.strip().splitlines() or ["no GPU record"])[-1])
+        _MACHINES[key] = json.loads(done.stdout.strip().splitlines()[-1])
+    return dict(_MACHINES[key])
 
 
 # --- writing a chapter's stamp -------------------------------------------------------------------
