@@ -13,7 +13,7 @@ from tests.inputs_corpus import TINY, TOKENIZER
 from tests.property_support import Entry, maybe
 
 OUT = tempfile.mkdtemp(prefix="fp8lab-e2e-")
-RECORD = {"model": "small", "setting": "bf16", "seed": 0, "train_loss": [1.0]}
+RECORD = {"model": "llama", "setting": "bf16", "seed": 0, "train_loss": [1.0]}
 MODEL = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8))
 BATCHES = [(torch.randint(0, 8, (2, 5)), torch.randint(0, 8, (2, 5))) for _ in range(2)]
 
@@ -25,7 +25,7 @@ def _bench(preset, device, corpus, tokenizer):
 ENTRIES = {
     "e2e.parse_runs": Entry(
         e2e.parse_runs,
-        {"runs": maybe(st.sampled_from(["bf16", "bf16:1, te-delayed", "te-current:2,te-delayed-calibrated"]))},
+        {"runs": maybe(st.sampled_from(["bf16", "bf16:1, delayed", "current:2,block"]))},
         examples=20,
     ),
     "e2e.model_config": Entry(
@@ -56,6 +56,15 @@ ENTRIES = {
         lambda model, batches: e2e.evaluate(model, batches),
         {"model": maybe(st.just(MODEL)), "batches": maybe(st.just(BATCHES))},
         examples=10,
+    ),
+    "e2e.RotaryStandIn": Entry(
+        lambda dim, seq, offset: tuple(e2e.RotaryStandIn(dim)(seq, offset).shape),
+        {
+            "dim": maybe(st.sampled_from([2, 8, 64, 128])),
+            "seq": st.integers(1, 64),  # valid only: forward adds offset before checking it
+            "offset": maybe(st.integers(0, 8)),
+        },
+        examples=20,
     ),
     "e2e.Bench": Entry(
         _bench,

@@ -11,6 +11,7 @@ import torch
 from fp8lab import e2e, flops
 from fp8lab import stamp as lane
 from fp8lab.config import preset_config
+from fp8lab.e2e import worker
 from tools import stamps
 
 EXPECTED = e2e.expected_files()
@@ -24,8 +25,8 @@ IN_THE_BOOK = any(p.name == "09_end_to_end.ipynb" for p in stamps.toc_notebooks(
 )
 @pytest.mark.parametrize("name", EXPECTED)
 def test_committed_outputs_come_from_the_gpu_lane(name):
-    """Every run of the plan has a stamped result file made by the code here now (once chapter 09
-    is in the book, its runs must be too)."""
+    """Every run of the plan has a stamped result file made by the code here now, the page's
+    worker cells included (once chapter 09 is in the book, its runs must be too)."""
     path = e2e.RESULTS_DIR / name
     assert path.exists(), (
         f"{name}: no result file; on a GPU box run python -m tools.train_e2e --plan for the "
@@ -34,15 +35,25 @@ def test_committed_outputs_come_from_the_gpu_lane(name):
     record = json.loads(path.read_text())
     assert stamps.record_status(record.get("stamp"), name).broken == ()
     assert record["steps_run"] == record["steps_planned"] or record["error"]
+    assert record["stamp"].get("worker_sha256") == worker.source_sha256()
 
 
-def test_the_plan_pairs_every_fp8_setting_with_bf16_over_five_seeds():
+def test_the_plan_pairs_every_recipe_with_bf16_over_five_seeds():
     assert len(e2e.SEEDS) >= 5
-    assert len(EXPECTED) == len(e2e.ACCURACY_SETTINGS) * len(e2e.SEEDS)
-    assert {name.split("__")[0] for name in EXPECTED} == {"small"}
-    for setting in e2e.ACCURACY_SETTINGS:
-        assert {f"small__{setting}__seed{s}.json" for s in e2e.SEEDS} <= set(EXPECTED)
-    assert {"te-delayed", "te-current"} <= set(e2e.ACCURACY_SETTINGS)
+    assert len(EXPECTED) == len(e2e.RECIPES) * len(e2e.SEEDS)
+    assert {name.split("__")[0] for name in EXPECTED} == {"llama"}
+    assert set(e2e.RECIPES) == {"bf16", "delayed", "current", "block"}
+    assert sorted(s for seeds in e2e.COMMAND_SEEDS for s in seeds) == list(e2e.SEEDS)
+
+
+def test_committed_results_were_made_by_the_worker_cells_on_the_page():
+    from fp8lab.e2e import worker
+
+    for path in sorted(e2e.RESULTS_DIR.glob("*.json")):
+        record = json.loads(path.read_text())
+        assert record["worker_sha256"] == worker.source_sha256(), (
+            f"{path.name}: made by other code than the page's worker cells; run it again"
+        )
 
 
 def test_the_split_keeps_each_package_on_one_side():
@@ -59,34 +70,39 @@ def test_the_split_keeps_each_package_on_one_side():
     assert not any(path.startswith("encodings/") for path in corpus.validation_files)
 
 
-def test_the_small_model_is_gpt2_small():
-    """At GPT-2's vocabulary the small model has GPT-2 small's 124,439,808 parameters (the
-    count of the released checkpoint, tied embeddings and 1024 learned positions included)."""
-    assert flops.parameter_count(e2e.model_config("small", 50257)) == 124_439_808
+def test_the_trained_model_is_llama_shaped_and_over_300m():
+    cfg = e2e.model_config("llama", 8192)
+    assert cfg.hidden_size >= 1024 and flops.parameter_count(cfg) >= 300e6
+    assert (cfg.activation, cfg.normalization, cfg.position_embedding) == (
+        "swiglu", "RMSNorm", "rope")
+    assert cfg.num_gqa_groups < cfg.num_attention_heads and not cfg.fp8_warnings()
 
 
-def test_the_large_model_has_llama3_8b_layers_and_over_a_billion_parameters():
+def test_the_large_shape_has_llama3_8b_layers_at_the_projected_length():
     large = e2e.model_config("large", 8192)
     assert flops.layer_parameters(large) == flops.layer_parameters(preset_config("llama3-8b"))
     assert flops.parameter_count(large, include_embeddings=False) > 1e9
     assert not large.fp8_warnings()
-    assert e2e.PLANS[("large", "full")].tokens_per_step == 16384
+    assert e2e.PLANS[("large", "full")].seq == 8192
 
 
 def test_the_schedule_warms_up_then_follows_a_cosine():
-    plan = e2e.PLANS[("small", "full")]
+    plan = e2e.PLANS[("llama", "full")]
     assert plan.lr_factor(0) == pytest.approx(1 / plan.warmup_steps)
     assert plan.lr_factor(plan.warmup_steps - 1) == pytest.approx(1.0)
     middle = plan.warmup_steps + (plan.steps - plan.warmup_steps) // 2
     assert plan.lr_factor(middle) == pytest.approx(plan.min_lr_ratio + (1 - plan.min_lr_ratio) / 2)
     assert plan.lr_factor(plan.steps) == pytest.approx(plan.min_lr_ratio)
-    assert plan.eval_points(plan.steps)[-1] == plan.steps
-    assert plan.eval_points(50) == [30, 50]
-    assert plan.eval_points(plan.steps)[0] == plan.warmup_steps  # the yardstick after warm-up
+    points = plan.eval_points(plan.steps)
+    assert points[-1] == plan.steps
+    assert {plan.before_end(0.05), plan.before_end(0.10)} <= set(points)
+    assert plan.before_end(0.05) == 190 and plan.before_end(0.10) == 180
+    with pytest.raises(ValueError, match="share"):
+        plan.before_end(0.9)
 
 
 def test_run_lists_are_parsed_and_checked():
-    assert e2e.parse_runs("bf16:2, te-delayed") == [("bf16", 2), ("te-delayed", 0)]
+    assert e2e.parse_runs("bf16:2, delayed") == [("bf16", 2), ("delayed", 0)]
     with pytest.raises(ValueError, match="runs"):
         e2e.parse_runs("bf17")
     with pytest.raises(ValueError, match="seed"):
@@ -102,77 +118,80 @@ def bench(tmp_path_factory):
 
 
 def test_a_run_records_what_the_chapter_plots(bench, tmp_path):
-    record = bench.run("small", "bf16", seed=0, steps=12)
-    assert record["steps_run"] == 12 and len(record["train_loss"]) == 12
-    assert record["validation"]["step"] == [3, 10, 12]  # warm-up end, every 10, the end
-    assert record["interval_ms_per_step"]["step"] == [3, 10, 12]
+    record = bench.run("llama", "bf16", seed=0)
+    assert record["steps_run"] == 6 and len(record["train_loss"]) == 6
+    assert record["validation"]["step"] == [3, 5, 6]  # every 3, 10% and 5% before the end
     assert record["train_loss"][-1] < record["train_loss"][0]
     assert record["corpus"]["sha256"] == bench.corpus.sha256
     assert record["corpus"]["split_by"] == "package" and record["schema"] == e2e.SCHEMA
     assert record["stamp"] is None and record["error"] is None  # a CPU run is never stamped
+    assert len(record["worker_sha256"]) == 64
     path = e2e.write_record(record, tmp_path)
-    assert path.name == "small__bf16__seed0.json"
+    assert path.name == "llama__bf16__seed0.json"
     assert e2e.load_results(tmp_path) == [json.loads(path.read_text())]
 
 
 def test_runs_start_from_the_same_weights_and_batches(bench):
-    first = bench.run("large", "bf16", seed=0, steps=6)["train_loss"]
-    again = bench.run("large", "bf16", seed=0, steps=6)["train_loss"]
-    other_order = bench.run("large", "bf16", seed=1, steps=6)["train_loss"]
-    fp8 = bench.run("large", "te-delayed", seed=0, steps=6)["train_loss"]
+    first = bench.run("llama", "bf16", seed=0, steps=3)["train_loss"]
+    again = bench.run("llama", "bf16", seed=0, steps=3)["train_loss"]
+    other_order = bench.run("llama", "bf16", seed=1, steps=3)["train_loss"]
+    fp8 = bench.run("llama", "delayed", seed=0, steps=3)["train_loss"]
     assert first == again  # deterministic on a CPU
     assert first[0] == pytest.approx(other_order[0], abs=0.2) and first != other_order
     assert fp8[0] == pytest.approx(first[0], rel=1e-2)  # same start, FP8 rounding apart
     assert first[0] == pytest.approx(math.log(bench.vocab_size), rel=0.05)
 
 
-def test_gpu_settings_are_refused_on_the_cpu_with_the_reason(bench):
-    with pytest.raises(ValueError, match="needs a GPU"):
-        bench.run("small", "torch-bf16-compiled", steps=2)
+def _record(setting, seed, losses, steps=(270, 285, 300)):
+    return {"setting": setting, "seed": seed, "steps_planned": 300, "error": None,
+            "validation": {"step": list(steps), "loss": list(losses)}}
 
 
-def test_the_calibrated_setting_changes_only_its_delayed_scaling(bench):
-    plain = bench._fp8_recipe(e2e.SETTINGS["te-delayed"])
-    fixed = bench._fp8_recipe(e2e.SETTINGS["te-delayed-calibrated"])
-    assert (plain.amax_history_len, plain.amax_compute_algo) == (1024, "max")  # TE's defaults
-    assert (fixed.amax_history_len, fixed.amax_compute_algo) == (16, "most_recent")
-    record = bench.run("small", "te-delayed-calibrated", steps=4)
-    assert record["error"] is None and record["what_ran"]["calibration_step"]
-    assert all(math.isfinite(v) for v in record["train_loss"])
-
-
-def test_paired_differences_are_judged_by_the_protocol():
+def test_the_margin_is_read_in_compute_from_bf16s_own_runs():
     from fp8lab.e2e import stats
 
-    base = {seed: 4.0 + 0.01 * seed for seed in range(5)}
-    close = {seed: v + 0.001 * (-1) ** seed for seed, v in base.items()}
-    far = {seed: v + 0.2 + 0.001 * seed for seed, v in base.items()}
-    found = stats.paired_difference(close, base, margin=0.02)
-    assert found["verdict"] == "within the margin"
-    worse = stats.paired_difference(far, base, margin=0.02)
-    assert worse["verdict"] == "worse beyond the margin" and worse["low"] > 0.02
-    assert worse["seeds"] == [0, 1, 2, 3, 4]
-    noisy = {seed: v + (0.1 if seed % 2 else -0.1) for seed, v in base.items()}
-    assert stats.paired_difference(noisy, base, margin=0.02)["verdict"] == "not resolved"
-    # a diverged run is left out; four pairs are below the protocol's five: no verdict
-    diverged = {**far, 4: float("nan")}
-    short = stats.paired_difference(diverged, base, margin=0.02)
-    assert short["seeds"] == [0, 1, 2, 3] and short["verdict"] == "not resolved"
-    assert short["low"] > 0.02  # the interval is still shown
-    one = stats.paired_difference({0: 4.0}, base, margin=0.02)
-    assert one["low"] is None and one["mean"] == 0.0
-    assert stats.paired_difference({9: 4.0}, base, margin=0.02)["mean"] is None
-    band = stats.seed_band(base)
-    assert band["low"] == 4.0 and band["high"] == pytest.approx(4.04) and band["sd"] > 0
-    with pytest.raises(ValueError, match="margin"):
-        stats.paired_difference(close, base, margin=-1.0)
-    with pytest.raises(TypeError, match="setting"):
-        stats.paired_difference([4.0], base, margin=0.02)
+    runs = [_record("bf16", s, (3.10 + s / 100, 3.05 + s / 100, 3.00 + s / 100))
+            for s in range(5)]
+    runs += [_record("delayed", s, (3.2, 3.1, 3.03 + s / 100)) for s in range(5)]
+    margin = stats.compute_margin(runs, 0.05)
+    assert (margin["from_step"], margin["to_step"], margin["seeds"]) == (285, 300, 5)
+    assert margin["nats"] == pytest.approx(0.05)
+    assert stats.by_seed(runs, "delayed") == pytest.approx({s: 3.03 + s / 100 for s in range(5)})
+    assert stats.by_seed(runs, "bf16", 270)[0] == pytest.approx(3.10)
+    # the control's step comes from the runs' own length, whatever preset reads them
+    assert stats.before_end(runs, 0.10) == 270 and stats.before_end(runs, 0.05) == 285
+    # BF16's mean curve (3.12, 3.07, 3.02) reaches 3.05 two fifths of the way from 285 to 300
+    assert stats.bf16_steps_to(runs, 3.05) == pytest.approx(291)
+    assert stats.bf16_steps_to(runs, 2.0) is None  # below anything BF16 reached
+    flat = [_record("bf16", s, (3.0, 3.0, 3.0)) for s in range(5)]
+    with pytest.raises(ValueError, match="descend"):
+        stats.compute_margin(flat, 0.05)
+    with pytest.raises(ValueError, match="share"):
+        stats.compute_margin(runs, 0.9)
+    with pytest.raises(TypeError, match="runs"):
+        stats.by_seed("runs", "bf16")
+
+
+def test_accuracy_is_judged_by_the_protocol_with_power():
+    from fp8lab.e2e import report
+
+    runs = [_record("bf16", s, (3.1, 3.05, 3.0 + s / 100)) for s in range(5)]
+    runs += [_record("current", s, (3.1, 3.05, 3.0 + s / 100 + 0.001 * (-1) ** s))
+             for s in range(5)]
+    found = report.accuracy(runs, margin=0.05)
+    assert found["current"].verdict == "within the margin"
+    assert found["current"].detectable > 0
+    short = report.accuracy(runs[:2] + runs[5:7], margin=0.05)
+    assert short["current"]["verdict"] == "not resolved" and short["current"]["seeds"] == 2
+    gap = report.gradient_gap(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0]))
+    assert gap["zeroed"] == 0.5 and gap["relative error"] == pytest.approx(0.5**0.5)
+    with pytest.raises(ValueError, match="shape"):
+        report.gradient_gap(torch.ones(2), torch.ones(3))
 
 
 def test_a_stamp_covers_this_script_and_the_library_it_imports(tmp_path, monkeypatch, fake_machine):
     modules = e2e.result_modules()
-    assert {"tools.train_e2e", "fp8lab.corpus", "fp8lab.training", "fp8lab.models"} <= set(modules)
+    assert {"tools.train_e2e", "fp8lab.corpus", "fp8lab.e2e.worker"} <= set(modules)
     stamp = lane.stamp_record(modules, fake_machine, run_seconds=1.0)
     assert stamps.record_status(stamp, "r.json").state == stamps.FRESH
     monkeypatch.setattr(lane, "module_hashes", lambda modules, root=lane.ROOT: dict.fromkeys(modules, "0"))
@@ -244,7 +263,7 @@ def _cli(*argv):
         ["--runs", "bf17"],
         ["--runs", "bf16:x"],
         ["--group", "accuracy", "--steps", "0"],
-        ["--model", "small"],
+        ["--model", "llama"],
         ["--group", "accuracy", "--budget-s", "-1"],
         ["--group", "accuracy", "--seeds", "9"],
         ["--group", "accuracy", "--seeds", "x"],
@@ -254,3 +273,10 @@ def test_the_command_line_refuses_bad_flags_without_a_traceback(argv):
     result = _cli(*argv)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and "error:" in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal off the GPU")
+def test_the_command_line_refuses_smoke_runs_it_was_not_asked_for(tmp_path):
+    result = _cli("--group", "accuracy", "--seeds", "0", "--out", str(tmp_path))
+    assert result.returncode == 2 and "--preset smoke" in result.stderr
+    assert not list(tmp_path.iterdir())

@@ -1,10 +1,13 @@
 """Chapter 09's alternated speed measurement: the committed file comes from the GPU lane and
-the code here now; every setting it times is graphed on the small model or says why not; ratios
-are per-round ratios; the measurement runs at smoke size."""
+the code here now; every setting it times on the trained model is graphed or says why not;
+comparisons are per-round ratios; the measurement runs at smoke size."""
 
 import json
+import sys
+import types
 
 import pytest
+import torch
 
 from fp8lab import e2e, protocol
 from fp8lab import stamp as lane
@@ -31,67 +34,109 @@ def test_the_committed_speed_file_comes_from_the_gpu_lane():
                 assert not entry["graphs"] or ran["graphs"] or ran["refused"], (model, name)
 
 
-def test_every_group_holds_the_anchor_and_every_accuracy_checked_fp8_setting():
-    """The speed headline may only use settings whose accuracy the small model establishes."""
-    fp8 = {name for name in e2e.ACCURACY_SETTINGS if e2e.SETTINGS[name].fp8}
+def test_every_group_holds_the_anchor_and_every_recipe_is_timed_on_both_models():
     for groups in e2e_speed.GROUPS.values():
-        assert all(group[0] == e2e_speed.ANCHOR for group in groups)
-        timed = {name for group in groups for name in group}
-        assert "torch-bf16-compiled" in timed
-        assert {n for n in timed if e2e.SETTINGS[n].fp8} <= fp8
+        assert all(group[0] == e2e_speed.ANCHOR and len(group) == 2 for group in groups)
+        assert {name for group in groups for name in group} == set(e2e.RECIPES)
+    assert e2e_speed.GRAPHED == {"llama": True, "large": False}
 
 
-def test_a_ratio_is_taken_round_by_round_within_one_group():
+def test_a_comparison_is_taken_round_by_round_within_one_group():
     record = {
         "models": {
             "large": {
                 "tokens_per_step": 1000,
                 "groups": [
-                    {"ms_per_step": {"bf16": [100.0, 200.0, 100.0], "te-delayed": [50, 100, 80]}},
-                    {"ms_per_step": {"bf16": [90.0, 90.0, 90.0], "te-block": [60, 60, 90]}},
+                    {"ms_per_step": {"bf16": [100.0, 200.0, 100.0], "delayed": [50, 100, 80]}},
+                    {"ms_per_step": {"bf16": [90.0, 90.0, 90.0], "block": [60, 60, 90]}},
                 ],
             }
         }
     }
-    # per round 2.0, 2.0, 1.25: a ratio of medians (100 / 80) would say 1.25
-    found = e2e_speed.ratio(record, "large", "te-delayed")
-    assert found["median"] == 2.0 and found["rounds"] == 3
-    comparison = protocol.Comparison(
-        "te-delayed", "bf16", (2.0, 2.0, 1.25), "wall", "host", protocol.floor_for("host")
+    found = e2e_speed.comparison(record, "large", "delayed")  # per round 2.0, 2.0, 1.25
+    assert found.ratios == (2.0, 2.0, 1.25)
+    expected = protocol.Comparison(
+        "delayed", "bf16", (2.0, 2.0, 1.25), "wall", "host", protocol.floor_for("host")
     )
-    assert found["estimate"] == pytest.approx(comparison.estimate)  # the geometric mean
-    assert (found["low"], found["high"]) == pytest.approx((comparison.low, comparison.high))
-    assert found["verdict"] == comparison.verdict
-    assert e2e_speed.ratio(record, "large", "te-block")["median"] == pytest.approx(1.5)
-    assert e2e_speed.ratio(record, "large", "te-block", "te-delayed") is None
-    assert e2e_speed.tokens_per_s(record, "large", "te-delayed") == pytest.approx(1000 / 0.08)
-    assert e2e_speed.tokens_per_s(record, "large", "te-current") is None
+    assert found.estimate == pytest.approx(expected.estimate)  # the geometric mean
+    assert found.verdict == expected.verdict
+    assert e2e_speed.comparison(record, "large", "block").ratios == (1.5, 1.5, 1.0)
+    assert e2e_speed.comparison(record, "large", "block", "delayed") is None
 
 
-def test_the_measurement_runs_on_the_reference_without_what_it_cannot_run(tmp_path, monkeypatch):
+def test_the_class_call_is_put_back_after_a_capture():
+    class Model:
+        pass
+
+    with e2e_speed.class_call_kept(Model):
+        Model.__call__ = lambda self: "wrapped"
+    assert "__call__" not in Model.__dict__
+    with pytest.raises(TypeError, match="cls"), e2e_speed.class_call_kept(Model()):
+        pass
+
+
+def test_a_failed_capture_leaves_no_capturing_flag_behind(monkeypatch):
+    flag = {"capturing": True}  # TE's flag, as a capture that raised leaves it
+    graph = types.ModuleType("transformer_engine.pytorch.graph")
+    graph.set_capture_end = lambda: flag.update(capturing=False)
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.graph", graph)
+
+    class Model:
+        pass
+
+    with pytest.raises(RuntimeError), e2e_speed.class_call_kept(Model):
+        raise RuntimeError("capture refused")
+    assert flag == {"capturing": False}
+
+
+def test_a_group_where_one_side_refused_graphs_is_timed_without_graphs(monkeypatch):
+    built = []
+
+    def first_steps(bench, model, name, graphs, warmup):
+        built.append((name, graphs))
+        graphed = graphs and name == "bf16"  # the FP8 side's capture was refused
+        return (lambda: None), {"graphs": "te.make_graphed_callables" if graphed else None,
+                                "refused": None if graphed or not graphs else "refused"}
+
+    class Bench:
+        device = torch.device("cpu")
+
+        def release(self):
+            pass
+
+    monkeypatch.setattr(e2e_speed, "_first_steps", first_steps)
+    timed = e2e_speed.time_group(Bench(), "llama", ("bf16", "delayed"), 2, 1, 0)
+    assert built[2:] == [("bf16", False), ("delayed", False)]  # rebuilt, both without
+    assert all(ran["graphs"] is None for ran in timed["what_ran"].values())
+    assert timed["what_ran"]["delayed"]["refused"] == "refused"
+    assert "another side" in timed["what_ran"]["bf16"]["refused"]
+
+
+def test_the_measurement_runs_on_the_reference(tmp_path, monkeypatch):
     monkeypatch.setenv("FP8LAB_CACHE", str(tmp_path))
     bench = e2e.Bench("smoke", device="cpu", log=None)
-    record = e2e_speed.measure(bench, ("small",), rounds=2, steps=1, warmup=0, log=lambda _: None)
-    (group,) = record["models"]["small"]["groups"]
-    assert group["settings"] == ["bf16", "te-delayed", "te-current"]  # no compiling here
-    assert record["models"]["small"]["graphs"] is False  # no CUDA graphs off the GPU
-    assert all(ran == {"graphs": None, "refused": None} for ran in group["what_ran"].values())
-    assert all(len(times) == 2 and min(times) > 0 for times in group["ms_per_step"].values())
-    assert set(group["host_ms_per_step"]) == set(group["ms_per_step"])
-    assert e2e_speed.ratio(record, "small", "bf16")["median"] == 1.0
+    record = e2e_speed.measure(bench, ("llama",), rounds=2, steps=1, warmup=0,
+                               log=lambda _: None)
+    groups = record["models"]["llama"]["groups"]
+    assert [g["settings"] for g in groups] == [list(g) for g in e2e_speed.GROUPS["llama"]]
+    assert record["models"]["llama"]["graphs"] is False  # no CUDA graphs off the GPU
+    for group in groups:
+        assert all(ran == {"graphs": None, "refused": None} for ran in group["what_ran"].values())
+        assert all(len(times) == 2 and min(times) > 0 for times in group["ms_per_step"].values())
+    assert e2e_speed.comparison(record, "llama", "current") is not None
     assert e2e_speed.stamp(record, 1.0) is None
     with pytest.raises(ValueError, match="rounds"):
-        e2e_speed.measure(bench, ("small",), rounds=1)
+        e2e_speed.measure(bench, ("llama",), rounds=1)
 
     def out_of_memory(*args):
         raise RuntimeError("CUDA out of memory")
 
     monkeypatch.setattr(e2e_speed, "time_group", out_of_memory)
     out = tmp_path / "speed.json"
-    failed = e2e_speed.measure_and_write(bench, ("small",), out, log=lambda _: None)
-    (group,) = failed["models"]["small"]["groups"]  # on record, and the file is written
+    failed = e2e_speed.measure_and_write(bench, ("llama",), out, log=lambda _: None)
+    group = failed["models"]["llama"]["groups"][0]  # on record, and the file is written
     assert group["error"] == "RuntimeError: CUDA out of memory" and out.exists()
-    assert e2e_speed.ratio(failed, "small", "te-delayed") is None
+    assert e2e_speed.comparison(failed, "llama", "delayed") is None
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import torch
 from fp8lab import memory
 from fp8lab.config import preset_config as preset
 from fp8lab.weights import attempt, capture_guard, change, fsdp_gather_bytes, largest_layers
-from fp8lab.weights.optimizer_states import STATE_OPTIONS, expected_bytes
+from fp8lab.weights.optimizer_states import expected_bytes
 
 
 def test_change_words_follow_the_sign_and_the_rounding():
@@ -49,6 +49,14 @@ def test_fsdp_fp8_gather_halves_the_weight_traffic():
     assert fp8["reduce-scatter"] == bf16["reduce-scatter"] == 1000
     with pytest.raises(ValueError, match="world"):
         fsdp_gather_bytes(1000, 1)
+
+
+STATE_OPTIONS = {  # chapter 06's settings, as FusedAdam keyword arguments
+    "FP32 master, FP32 moments (default)": {},
+    "FP32 master, FP8 moments": {"exp_avg_dtype": torch.uint8, "exp_avg_sq_dtype": torch.uint8},
+    "FP32 master as BF16 remainders": {"store_param_remainders": True},
+    "no master weights": {"master_weights": False},
+}
 
 
 def test_expected_state_bytes():

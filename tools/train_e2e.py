@@ -1,15 +1,17 @@
-"""Chapter 09's accuracy runs: the small GPT trained on real text in TE BF16 and in each FP8
-setting, over five data-order seeds.
+"""Chapter 09's accuracy runs: the Llama-shaped model trained on real text in TE BF16 and in
+each FP8 recipe (delayed, current, block scaling), over five data-order seeds.
 
-The command line of :mod:`fp8lab.e2e` (what is trained and how: :mod:`fp8lab.e2e.settings`; one
-run: :mod:`fp8lab.e2e.run`). Run it on a GPU box, the seeds split over two commands of a few
-minutes each on one H100::
+The model, the recipes and the training step are the chapter's own cells (tagged ``worker``
+in notebooks/09_end_to_end.ipynb, loaded by :mod:`fp8lab.e2e.worker`); what is trained and how
+long: :mod:`fp8lab.e2e.settings`; one run: :mod:`fp8lab.e2e.run`. Run it on a GPU box, the
+seeds split over three commands of under nine minutes each on one H100::
 
-    python -m tools.train_e2e --group accuracy --seeds 0,1,2 --out DIR
-    python -m tools.train_e2e --group accuracy --seeds 3,4 --out DIR
+    python -m tools.train_e2e --group accuracy --seeds 0,1 --out DIR
+    python -m tools.train_e2e --group accuracy --seeds 2,3 --out DIR
+    python -m tools.train_e2e --group accuracy --seeds 4 --out DIR
     python -m tools.train_e2e --plan                       # models, plans, FLOPs, commands
 
-and commit the files of ``DIR`` under ``tests/gpu_results/e2e/``. ``--runs bf16:1,te-delayed``
+and commit the files of ``DIR`` under ``tests/gpu_results/e2e/``. ``--runs bf16:1,delayed``
 runs single settings; ``--steps N`` stops early (such a file is not stamped: only full runs are
 results). A command skips the runs that would not finish inside ``--budget-s`` and prints the
 command that runs them. The large model is measured for speed only (``tools.e2e_speed``).
@@ -34,10 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default=e2e.ACCURACY_MODEL, choices=e2e.MODELS)
     parser.add_argument("--group", choices=sorted(e2e.GROUPS))
     parser.add_argument("--seeds", help="with --group: only these seeds, e.g. 0,1,2")
-    parser.add_argument("--runs", help="comma-separated setting[:seed], e.g. bf16:1,te-delayed")
+    parser.add_argument("--runs", help="comma-separated setting[:seed], e.g. bf16:1,delayed")
     parser.add_argument("--steps", type=int, help="stop early (the file is then not stamped)")
     parser.add_argument("--out", type=Path, default=e2e.RESULTS_DIR)
-    parser.add_argument("--budget-s", type=float, default=540.0)
+    parser.add_argument("--budget-s", type=float, default=500.0)
     parser.add_argument("--preset", choices=e2e.PRESETS)
     parser.add_argument("--plan", action="store_true", help="print the plan and the commands")
     return parser
@@ -68,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     begin = time.perf_counter()
     print(fp8lab.banner(), flush=True)
     bench = e2e.Bench(args.preset, log=lambda message: print(message, flush=True))
+    if not args.plan and args.preset is None and bench.preset != "full":
+        parser.error(f"no GPU with TE here (the preset would be {bench.preset!r}): these would "
+                     "be unstamped runs beside the stamped ones; pass --preset smoke to mean it")
     if args.plan:
         print(e2e.describe_plan(bench))
         return 0

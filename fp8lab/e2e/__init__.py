@@ -1,26 +1,27 @@
-"""Chapter 09's kit: a small GPT trained on real text in BF16 and in FP8 over five data-order
-seeds, and the speed ratios of a small and a large GPT measured in alternating rounds.
+"""Chapter 09's kit: the plumbing around a Llama-shaped model trained on real text in BF16 and
+in FP8 over five data-order seeds, and timed with a larger shape in alternated rounds.
 
-* :mod:`~fp8lab.e2e.settings` -- the models, their plans, the settings and the groups of runs;
-* :mod:`~fp8lab.e2e.build` -- one setting's recipe, model (shared initial weights) and optimizer;
-* :mod:`~fp8lab.e2e.steps` -- the step without host syncs, calibration, CUDA-graph forms;
-* :mod:`~fp8lab.e2e.stats` -- paired differences over seeds, their intervals and verdicts;
-* :mod:`~fp8lab.e2e.bench` -- :class:`Bench`: corpus, tokenizer, token streams and initial
-  weights, built once; :meth:`Bench.run` trains one model in one setting;
+The model, the recipes, the training step, the calibration pass and the graph capture are
+written out in the chapter itself (its cells tagged ``worker``); :mod:`~fp8lab.e2e.worker`
+loads those cells so that the long runs execute what the page shows. The rest is plumbing:
+
+* :mod:`~fp8lab.e2e.settings` -- the models, their plans, the settings, the commands;
+* :mod:`~fp8lab.e2e.bench` -- :class:`Bench`: corpus, tokenizer, token streams and the worker,
+  set up once; :meth:`Bench.build` and :meth:`Bench.run`;
 * :mod:`~fp8lab.e2e.run` -- one long run and its result record; the runs of one command;
-* :mod:`~fp8lab.e2e.evaluation` -- :func:`evaluate`, the validation loss (without gradients,
-  so validation does not roll TE's delayed-scaling amax history);
-* :mod:`~fp8lab.e2e.results` -- result files, their names, throughput and stamps;
-* :mod:`~fp8lab.e2e.speed` -- the alternated speed rounds and their per-round ratios.
+* :mod:`~fp8lab.e2e.evaluation` -- :func:`evaluate`, the validation loss without gradients;
+* :mod:`~fp8lab.e2e.results` -- result files, their names and stamps;
+* :mod:`~fp8lab.e2e.speed` -- the speed rounds and their protocol comparisons;
+* :mod:`~fp8lab.e2e.stats` -- losses by seed, the margin in compute terms;
+* :mod:`~fp8lab.e2e.report` -- the chapter's tables;
+* :mod:`~fp8lab.e2e.rope` -- a CPU stand-in for ``te.RotaryPositionEmbedding``.
 
 The command lines are ``python -m tools.train_e2e`` and ``python -m tools.e2e_speed``.
 """
 
 from __future__ import annotations
 
-from fp8lab.e2e import speed  # noqa: F401  (fp8lab.e2e.speed, chapter 09's speed rounds)
 from fp8lab.e2e.bench import Bench
-from fp8lab.e2e.build import param_groups  # noqa: F401
 from fp8lab.e2e.evaluation import evaluate
 from fp8lab.e2e.results import (  # noqa: F401
     RESULTS_DIR,
@@ -31,18 +32,21 @@ from fp8lab.e2e.results import (  # noqa: F401
     result_name,
     write_record,
 )
-from fp8lab.e2e.run import FirstStepFailed, describe_plan, run_all  # noqa: F401
+from fp8lab.e2e.rope import RotaryStandIn
+from fp8lab.e2e.run import FirstStepFailed, commands, describe_plan, run_all  # noqa: F401
 from fp8lab.e2e.settings import (  # noqa: F401
     ACCURACY_MODEL,
-    ACCURACY_SETTINGS,
+    COMMAND_SEEDS,
     CORPUS,
     GROUPS,
     MODELS,
     PLANS,
     PRESETS,
+    RECIPES,
     SCHEMA,
     SEEDS,
     SETTINGS,
+    SMOKE_SEEDS,
     SPLIT_BY,
     CorpusSpec,
     Plan,
@@ -50,15 +54,17 @@ from fp8lab.e2e.settings import (  # noqa: F401
     model_config,
     parse_runs,
 )
+from fp8lab.e2e.speed import class_call_kept  # noqa: F401
 
 __all__ = [
-    "SEEDS",
     "CORPUS",
     "GROUPS",
     "MODELS",
     "PLANS",
+    "SEEDS",
     "SETTINGS",
     "Bench",
+    "RotaryStandIn",
     "evaluate",
     "load_results",
     "model_config",

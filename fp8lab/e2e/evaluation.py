@@ -1,10 +1,12 @@
 """The validation loss of chapter 09's runs.
 
 :func:`evaluate` runs under ``torch.no_grad()``. Besides saving the activations, that keeps the
-validation batches out of the FP8 scaling state: Transformer Engine updates a delayed-scaling
-recipe's amax history when its ``autocast`` exits, and only when gradients are enabled, so
-forwards without gradients leave the history (and with it the scales of the next training
-steps) as training left it. Validation then measures the model without changing the run.
+validation batches out of the FP8 scale updates: Transformer Engine rolls a delayed-scaling
+recipe's amax history and recomputes its scales when its ``autocast`` exits, and only when
+gradients are enabled. The forward casts still write their amaxes into the history's current
+slot, which the next training step's update reads with its own; against a history of 1,024
+steps reduced by "max", that changes the next scales only if validation's activations exceed
+every recent training step's, which this book's runs do not check.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from fp8lab.training.state import check_model_and_optimizer, check_te_and_recipe
 def evaluate(model: torch.nn.Module, batches, te=None, fp8_recipe=None) -> float:
     """Mean next-token loss over ``batches`` (``(inputs, targets)`` pairs), in the precision the
     model trains in (BF16 autocast on a GPU, and ``te.autocast(recipe=fp8_recipe)`` with a
-    recipe), without gradients: the FP8 amax history is not rolled (see the module docstring).
+    recipe), without gradients: no scale is updated (TE updates only on leaving an autocast
+    with gradients on), though the forward's amaxes land in the current slot of the history,
+    which the next training step's update then reads (negligible against a long history).
     The model is put in eval mode and back."""
     check_model_and_optimizer(model, None, optional=True)
     check_te_and_recipe(te, fp8_recipe)

@@ -1,10 +1,9 @@
 """What chapter 09 shows from its result files, as tables: the models, the runs, the paired
-accuracy verdicts, the alternated speed, and the cost projection; and one live probe, the
-first update of each FP8 setting against BF16's.
+accuracy verdicts with the margin in compute terms, the speed rounds and the cost projection.
 
 Each function takes the loaded records (:func:`fp8lab.e2e.load_results`, the speed file) and
-returns a ``pandas.DataFrame``; an empty input gives an empty table, so a page without result
-files still renders and says so.
+returns a ``pandas.DataFrame`` or plain numbers; an empty input gives an empty table, so a
+page without result files still renders and says so.
 """
 
 from __future__ import annotations
@@ -15,13 +14,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fp8lab import checks, flops, protocol
 from fp8lab import corpus as text
-from fp8lab import flops
 from fp8lab.config import TransformerConfig
 from fp8lab.e2e import stats
-from fp8lab.e2e import steps as stepping
-from fp8lab.e2e.settings import ACCURACY_SETTINGS, MODELS, SETTINGS, SPLIT_BY
-from fp8lab.e2e.speed import ANCHOR, ratio
+from fp8lab.e2e.settings import MODELS, RECIPES, SETTINGS, SPLIT_BY
+from fp8lab.e2e.speed import ANCHOR, comparison
 
 
 def encodings_share(root=None) -> dict:
@@ -41,108 +39,94 @@ def model_table(bench) -> pd.DataFrame:
     rows = {}
     for model in MODELS:
         cfg, plan = bench.config(model), bench.plan(model)
-        per_token = flops.training_flops(cfg, plan.batch, plan.seq, causal=True)
-        n = flops.parameter_count(cfg)
+        per_step = flops.training_flops(cfg, plan.batch, plan.seq, causal=True)
         rows[model] = {
             "H / F / L": f"{cfg.hidden_size} / {cfg.ffn_hidden_size} / {cfg.num_layers}",
-            "norm, MLP": f"{cfg.normalization}, {cfg.activation}",
+            "heads (KV groups)": f"{cfg.num_attention_heads} ({cfg.num_gqa_groups})",
             "V": f"{cfg.vocab_size:,}",
-            "parameters": f"{n / 1e6:,.1f} M",
-            "GFLOP/token": f"{per_token / plan.tokens_per_step / 1e9:.2f}",
+            "parameters": f"{flops.parameter_count(cfg) / 1e6:,.1f} M",
+            "GFLOP/token": f"{per_step / plan.tokens_per_step / 1e9:.2f}",
             "B x S": f"{plan.batch} x {plan.seq}",
-            "steps (epochs)": f"{plan.steps} ({bench.epochs(model):.2f})",
-            "used for": "accuracy and speed" if model == "small" else "speed only",
+            "used for": "accuracy and speed" if model == "llama" else "speed only",
         }
     return pd.DataFrame(rows)
 
 
-def by_seed(runs, setting: str, step: int | None = None) -> dict[int, float]:
-    """``{seed: validation loss}`` of ``setting``'s runs after ``step`` (default: the last)."""
+def gradient_gap(grads: torch.Tensor, reference: torch.Tensor) -> dict:
+    """``grads`` against ``reference`` (flat tensors): the relative L2 error and the share of
+    entries exactly zero where the reference's are not."""
+    checks.tensor("grads", grads, dims=1, floating=True)
+    checks.tensor("reference", reference, dims=1, floating=True)
+    if grads.shape != reference.shape:
+        raise ValueError(f"grads {tuple(grads.shape)} and reference "
+                         f"{tuple(reference.shape)}: need the same shape")
+    grads, reference = grads.float(), reference.float()
+    error = (torch.linalg.vector_norm(grads - reference) / reference.norm()).item()
+    zeroed = ((grads == 0) & (reference != 0)).float().mean().item()
+    return {"relative error": error, "zeroed": zeroed}
+
+
+def accuracy(runs, margin: float, baseline: str = ANCHOR) -> dict:
+    """Per FP8 setting: its final validation loss minus ``baseline``'s, paired by seed and
+    judged by the protocol against ``margin`` (nats): a :class:`fp8lab.protocol.Paired` with
+    five seeds or more, else the row of :func:`fp8lab.protocol.paired_summary`."""
     found = {}
-    for run in runs:
-        if run["setting"] != setting or run.get("error"):
+    for name in RECIPES:
+        if name == baseline:
             continue
-        at = step if step is not None else run["validation"]["step"][-1]
-        value = stats.validation_at(run, at)
-        if value is not None:
-            found[run["seed"]] = value
+        mine, base = stats.by_seed(runs, name), stats.by_seed(runs, baseline)
+        if not set(mine) & set(base):
+            continue
+        names = (SETTINGS[name].label, SETTINGS[baseline].label)
+        try:
+            found[name] = protocol.paired(mine, base, margin=margin, names=names)
+        except ValueError:  # fewer than five pairs (a smoke run): a row, no verdict
+            found[name] = protocol.paired_summary(mine, base, margin=margin, names=names)
     return found
 
 
-def accuracy_table(runs, margin: float, yardsticks: dict[str, int | None]) -> pd.DataFrame:
-    """Per FP8 setting and yardstick (``{name: step}``, None for the final step): the mean
-    paired difference to TE BF16 and its 95% interval, judged against ``margin``."""
-    rows = []
-    for name in ACCURACY_SETTINGS[1:]:
-        for yardstick, step in yardsticks.items():
-            found = stats.paired_difference(
-                by_seed(runs, name, step), by_seed(runs, "bf16", step), margin
-            )
-            rows.append(
-                {
-                    "setting": SETTINGS[name].label,
-                    "yardstick": yardstick,
-                    "pairs": len(found["seeds"]),
-                    "mean Δ": found["mean"],
-                    "95% low": found["low"],
-                    "95% high": found["high"],
-                    "verdict": found["verdict"],
-                }
-            )
-    return pd.DataFrame(rows)
-
-
-def first_update(bench, names=ACCURACY_SETTINGS, model: str = "small") -> pd.DataFrame:
-    """The weight gradients of the transformer layers on the first batch, in each setting
-    (after the calibration step where the setting has one), against TE BF16's: relative
-    error and the share that came out exactly zero where BF16's is not."""
-    plan, rows, reference = bench.plan(model), {}, None
-    loader = text.PackedLoader(bench.train_tokens, plan.batch, plan.seq, device=bench.device)
-    batch = loader.batch_at(0)
-    for name in names:
-        setting = SETTINGS[name]
-        fp8_recipe = bench._fp8_recipe(setting)
-        fp8 = {"te": bench.te, "fp8_recipe": fp8_recipe} if fp8_recipe is not None else {}
-        built, optimizer, trained = bench._build(model, setting, fp8_recipe)
-        if setting.calibrate:
-            stepping.calibrate(trained, batch, optimizer, fp8)
-        with stepping.precision(bench.device, **fp8):
-            loss = trained(*batch)
-        loss.backward()
-        grads = torch.cat(
-            [
-                (p.grad if p.grad is not None else torch.zeros_like(p)).float().flatten()
-                for p in built.layers.parameters()
-            ]
-        )
-        if reference is None:
-            reference = grads
-        error = (torch.linalg.vector_norm(grads - reference) / reference.norm()).item()
-        zeros = ((grads == 0) & (reference != 0)).float().mean().item()
-        rows[SETTINGS[name].label] = {"relative error": error, "zeroed": zeros}
-        del built, optimizer, trained, loss, grads
-        bench.release()
+def accuracy_table(found: dict, runs) -> pd.DataFrame:
+    """:func:`accuracy` as a table, with the BF16 steps that reach each setting's mean loss."""
+    rows = {}
+    last = next((r["steps_planned"] for r in runs if r["setting"] == ANCHOR), None)
+    for name, result in found.items():
+        row = (result if isinstance(result, dict) else
+               {"seeds": len(result.seeds), "mean": result.mean, "low": result.low,
+                "high": result.high, "verdict": result.verdict,
+                "detectable": result.detectable})
+        losses = stats.by_seed(runs, name)
+        reached = stats.bf16_steps_to(runs, float(np.mean(list(losses.values()))))
+        rows[SETTINGS[name].label] = {
+            "pairs": row["seeds"], "mean Δ": row["mean"], "95% low": row["low"],
+            "95% high": row["high"], "detects": row.get("detectable", np.nan),
+            "BF16 steps to its loss": np.nan if reached is None or last is None
+            else reached / last,
+            "verdict": row["verdict"],
+        }
     return pd.DataFrame(rows).T
 
 
-def speed_table(record: dict) -> pd.DataFrame:
-    """Per model and setting: device and host ms per step (medians over rounds), the ratio to
-    TE BF16 with its interval over the rounds, tokens/s and how it ran."""
+def speed_table(record: dict | None) -> pd.DataFrame:
+    """Per model and setting: GPU and host ms per step (medians over rounds), the ratio to TE
+    BF16 with its interval and verdict, tokens/s and how it ran."""
     rows = {}
     for model, entry in (record or {}).get("models", {}).items():
         for group in entry["groups"]:
             for name in group["settings"]:
-                if (model, SETTINGS[name].label) in rows or name not in group["ms_per_step"]:
+                key = (model, SETTINGS[name].label)
+                if key in rows or name not in group["ms_per_step"]:
                     continue
-                device_ms = float(np.median(group["ms_per_step"][name]))
-                found = ratio(record, model, name) or {}
+                ms = float(np.median(group["ms_per_step"][name]))
+                found = comparison(record, model, name) if name != ANCHOR else None
                 ran = group["what_ran"][name]
-                rows[(model, SETTINGS[name].label)] = {
-                    "GPU ms": device_ms,
+                rows[key] = {
+                    "GPU ms": ms,
                     "host ms": float(np.median(group["host_ms_per_step"][name])),
-                    "× TE BF16": found.get("estimate"),
-                    "95% interval": f"{found['low']:.2f}–{found['high']:.2f}" if found else "",
-                    "tokens/s": entry["tokens_per_step"] / device_ms * 1e3,
+                    "× TE BF16": np.nan if found is None else found.estimate,
+                    "95% interval": "" if found is None
+                    else f"{found.low:.2f}–{found.high:.2f}",
+                    "verdict": "" if found is None else found.verdict,
+                    "tokens/s": entry["tokens_per_step"] / ms * 1e3,
                     "graphs": ran["graphs"] or ("refused" if ran["refused"] else "none"),
                 }
     table = pd.DataFrame(rows).T
@@ -152,23 +136,29 @@ def speed_table(record: dict) -> pd.DataFrame:
 
 
 def projection(record: dict, target: TransformerConfig, tokens: float, seq: int) -> pd.DataFrame:
-    """GPU-hours to train ``target`` on ``tokens`` at the large model's measured rates: its
-    layers at each setting's rate, its LM head (BF16 in every setting) at TE BF16's. One GPU's
-    rate, perfect scaling: a lower bound."""
-    per_step = record["models"]["large"]["flops_per_step"]
+    """GPU-hours to train ``target`` on ``tokens`` at the large shape's measured rates, which
+    must have been timed at ``seq``: its layers at each setting's rate (TE BF16's rate times
+    the setting's paired ratio to it, so that drift between groups cancels), its LM head
+    (BF16 in every setting) at TE BF16's. One GPU's rate, perfect scaling: a lower bound."""
+    entry = record["models"]["large"]
+    timed_at = entry["config"]["max_seq_len"]
+    if timed_at != seq:
+        raise ValueError(f"seq={seq}: the large shape was timed at S={timed_at}; project at "
+                         "the length that was timed")
     head, layers = head_and_layers(target, seq)
     table, rows = speed_table(record), {}
-    for name in (ANCHOR, "torch-bf16-compiled", *ACCURACY_SETTINGS[1:]):
-        key = ("large", SETTINGS[name].label)
-        if key not in table.index:
+    bf16_key = ("large", SETTINGS[ANCHOR].label)
+    if bf16_key not in table.index:
+        return pd.DataFrame()
+    bf16 = entry["flops_per_step"] / (table.loc[bf16_key, "GPU ms"] / 1e3)
+    for name in RECIPES:  # each recipe's rate from its paired ratio to BF16, not its own ms
+        found = comparison(record, "large", name) if name != ANCHOR else None
+        if name != ANCHOR and found is None:
             continue
-        rate = per_step / (table.loc[key, "GPU ms"] / 1e3)  # model FLOP/s of this setting
-        bf16 = per_step / (table.loc[("large", SETTINGS[ANCHOR].label), "GPU ms"] / 1e3)
+        rate = bf16 * (1.0 if found is None else found.estimate)
         seconds = tokens * (layers / rate + head / bf16)
-        rows[SETTINGS[name].label] = {
-            "model TFLOP/s": rate / 1e12,
-            "GPU-hours (M)": seconds / 3600 / 1e6,
-        }
+        rows[SETTINGS[name].label] = {"model TFLOP/s": rate / 1e12,
+                                      "GPU-hours (M)": seconds / 3600 / 1e6}
     return pd.DataFrame(rows).T
 
 
@@ -201,7 +191,7 @@ def origin(runs, made_here: bool) -> str:
 def run_table(runs) -> pd.DataFrame:
     """One row per setting: its seeds, steps, minutes and problems."""
     rows = []
-    for name in ACCURACY_SETTINGS:
+    for name in RECIPES:
         mine = [r for r in runs if r["setting"] == name]
         if not mine:
             continue

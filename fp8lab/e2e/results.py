@@ -3,7 +3,8 @@ called, and the stamp that says which code made them.
 
 On a GPU with Transformer Engine and the full preset, a run of the whole plan is stamped like
 the chapters (:func:`fp8lab.stamp.stamp_record`), over the fp8lab modules this kit imports and
-the command that ran it (:func:`result_modules`); the CPU lane checks the stamps.
+the command that ran it (:func:`result_modules`), with a hash of the chapter's worker cells
+(:func:`fp8lab.e2e.worker.source_sha256`); the CPU lane checks both.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ COMMANDS = ("tools.train_e2e", "tools.e2e_speed")  # the command lines that writ
 
 
 def result_name(model: str, setting: str, seed: int) -> str:
-    """The file name of one run: ``small__bf16__seed0.json``."""
+    """The file name of one run: ``llama__bf16__seed0.json``."""
     return f"{model}__{setting}__seed{seed}.json"
 
 
 def expected_files() -> list[str]:
-    """The result files of the whole plan: every accuracy run (the small model)."""
+    """The result files of the whole plan: every accuracy run."""
     return [
         result_name(ACCURACY_MODEL, setting, seed)
         for group in GROUPS.values()
@@ -83,5 +84,7 @@ def run_stamp(record: dict, on_gpu: bool, preset: str) -> dict | None:
     if not (on_gpu and preset == "full" and whole_plan):
         return None
     from fp8lab import stamp
+    from fp8lab.e2e.worker import source_sha256
 
-    return stamp.stamp_record(result_modules(), run_seconds=record["wall_s"])
+    return stamp.stamp_record(result_modules(), run_seconds=record["wall_s"],
+                              worker_sha256=source_sha256())

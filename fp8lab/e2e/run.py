@@ -1,13 +1,12 @@
 """One long run of chapter 09: train one model in one setting and return its result record.
 
-The step is :func:`fp8lab.e2e.steps.step`: the host never waits for the device inside an
-evaluation interval (losses stay on the device, :class:`~fp8lab.e2e.steps.LossLog`), and the
-learning-rate schedule advances on the host. After each interval the run reads the losses back,
-measures the validation loss and the interval's wall time. Each record holds the training loss
-of every step, the validation loss at the end of the warm-up, every ``eval_every`` steps and at
-the end, the milliseconds per step of each interval (host and device together: a speed verdict
-comes from :mod:`fp8lab.e2e.speed`, not from these), peak memory, what exactly ran (recipe,
-calibration, optimizer, compilation) and the corpus and tokenizer it ran on.
+The step is the chapter's own (``train_step`` of its worker cells, :mod:`fp8lab.e2e.worker`):
+its loss stays on the device (:class:`LossLog`) and the host never waits for the GPU inside an
+evaluation interval; the learning-rate schedule advances on the host. After each interval the
+run reads the losses back and measures the validation loss. A record holds the training loss of
+every step, the validation loss at every evaluation point, the milliseconds per step of each
+interval (a speed verdict comes from :mod:`fp8lab.e2e.speed`, not from these), peak memory and
+what exactly ran.
 """
 
 from __future__ import annotations
@@ -21,10 +20,17 @@ import torch
 
 from fp8lab import checks, flops
 from fp8lab import corpus as text
-from fp8lab.e2e import steps as stepping
+from fp8lab.e2e import worker
 from fp8lab.e2e.evaluation import evaluate
 from fp8lab.e2e.results import finite, write_record
-from fp8lab.e2e.settings import GROUPS, MODELS, SCHEMA, SETTINGS, SPLIT_BY, Setting
+from fp8lab.e2e.settings import (
+    COMMAND_SEEDS,
+    MODELS,
+    RECIPES,
+    SCHEMA,
+    SETTINGS,
+    SPLIT_BY,
+)
 from fp8lab.speedometer import Clock
 
 
@@ -32,12 +38,27 @@ class FirstStepFailed(RuntimeError):
     """A setting could not take its first training step here."""
 
 
-def _one_line(error: BaseException) -> str:
+class LossLog:
+    """The loss of every step, written on the device; :meth:`read` waits for it."""
+
+    def __init__(self, steps: int, device: torch.device):
+        self.values = torch.full((steps,), float("nan"), device=device)
+        self.count = 0
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.values[self.count].copy_(loss.detach(), non_blocking=True)
+        self.count += 1
+
+    def read(self, start: int = 0) -> list[float]:
+        """The losses from step ``start`` on (one host sync)."""
+        return self.values[start : self.count].float().cpu().tolist()
+
+
+def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}".splitlines()[0][:300]
 
 
 def _header(bench, model: str, setting: str, seed: int, steps: int) -> dict:
-    """The part of a record that says what was asked for and on what data."""
     plan, cfg = bench.plan(model), bench.config(model)
     return {
         "schema": SCHEMA,
@@ -59,8 +80,8 @@ def _header(bench, model: str, setting: str, seed: int, steps: int) -> dict:
             "train_tokens": int(bench.train_tokens.size),
             "validation_tokens": int(bench.validation_tokens.size),
         },
+        "worker_sha256": worker.source_sha256(),
         "device": torch.cuda.get_device_name() if bench.device.type == "cuda" else "cpu",
-        "notes": [],
         "error": None,
     }
 
@@ -71,14 +92,12 @@ def run(bench, model: str, setting: str, seed: int = 0, steps: int | None = None
     checks.choice("model", model, MODELS)
     checks.choice("setting", setting, SETTINGS)
     seed = checks.integer("seed", seed, minimum=0)
-    plan, chosen = bench.plan(model), SETTINGS[setting]
+    plan = bench.plan(model)
     steps = plan.steps if steps is None else checks.integer("steps", steps, maximum=plan.steps)
-    if chosen.gpu_only and not bench.on_gpu:
-        raise ValueError(f"setting={setting!r}: needs a GPU with TE ({chosen.gpu_only})")
     begin = time.perf_counter()
     record = _header(bench, model, setting, seed, steps)
     try:
-        record.update(train_setting(bench, model, chosen, seed, steps))
+        record.update(_train(bench, model, setting, seed, steps))
     except FirstStepFailed as failure:
         record["error"] = f"could not take a first step: {failure}"
     bench.release()
@@ -87,110 +106,79 @@ def run(bench, model: str, setting: str, seed: int = 0, steps: int | None = None
     return record
 
 
-def _interval(bench, model_name, built, scheduler, loader, span, fp8, log) -> float:
-    """Train steps ``span[0]..span[1]`` without a host sync; return their seconds on the
-    book's one clock."""
-    _, optimizer, trained = built
-    norm = bench.plan(model_name).max_grad_norm
+def _interval(bench, built, scheduler, batches, norm, log) -> float:
+    """Train on ``batches`` without a host sync; their seconds on the book's one clock."""
+    model, optimizer, fp8_recipe = built
     if bench.device.type == "cuda":
         torch.cuda.synchronize()
     clock = Clock(bench.device)
-    for batch in loader.batches(span[1] - span[0], start=span[0]):
-        log.add(stepping.step(trained, batch, optimizer, norm, fp8))
+    for batch in batches:
+        log.add(bench.worker.train_step(model, batch, optimizer, bench.te, fp8_recipe, norm))
         scheduler.step()
     clock.mark()
     return clock.read()[0] / 1e3
 
 
-def _train_and_validate(bench, model_name, setting, steps, built, fp8, loader) -> dict:
-    """Train interval by interval, validating after each; stop at the first non-finite loss or
-    error. ``first_failure`` is set when not even the first interval ran."""
-    model, optimizer, trained = built
-    plan = bench.plan(model_name)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, plan.lr_factor)
-    validation = bench.validation_batches(model_name)
-    log = stepping.LossLog(steps, bench.device)
-    done = {"evaluated": [], "interval_ms": [], "error": None, "first_failure": None}
-    if setting.calibrate:
-        stepping.calibrate(trained, next(iter(loader.batches(1))), optimizer, fp8)
-    start = 0
-    for stop in plan.eval_points(steps):
-        try:
-            span = (start, stop)
-            seconds = _interval(bench, model_name, built, scheduler, loader, span, fp8, log)
-            chunk = log.read(start)
-        except Exception as failure:
-            key = "error" if start else "first_failure"
-            done[key] = (f"step {start}..{stop}: " if start else "") + _one_line(failure)
-            break
-        value = evaluate(model, validation, **fp8)
-        done["evaluated"].append((stop, value))
-        done["interval_ms"].append((stop, round(seconds * 1e3 / (stop - start), 3)))
-        bench.log(
-            f"  {model_name} {setting.name}: step {stop}/{steps} train {chunk[-1]:.4f} "
-            f"validation {value:.4f} ({seconds:.1f} s)"
-        )
-        start = stop
-        if not (math.isfinite(value) and all(map(math.isfinite, chunk))):
-            done["error"] = f"non-finite loss by step {stop}: stopped"
-            break
-    done["losses"] = log.read() if done["first_failure"] is None else []
-    return done
-
-
-def train_setting(bench, model_name, setting: Setting, seed, steps):
-    """The measured part of a record: ``setting`` trained for ``steps``. Raises
-    :class:`FirstStepFailed` where it cannot be built or take its first steps."""
+def _train(bench, model_name: str, setting: str, seed: int, steps: int) -> dict:
     plan, cuda = bench.plan(model_name), bench.device.type == "cuda"
-    fp8_recipe = bench._fp8_recipe(setting)
     try:
-        model, optimizer, trained = bench._build(model_name, setting, fp8_recipe)
+        built = bench.build(model_name, setting)
     except Exception as error:  # a setting this machine cannot build
-        raise FirstStepFailed(_one_line(error)) from None
-    loader = text.PackedLoader(
-        bench.train_tokens, plan.batch, plan.seq, seed=seed, device=bench.device
-    )
-    fp8 = {"te": bench.te, "fp8_recipe": fp8_recipe} if fp8_recipe is not None else {}
+        raise FirstStepFailed(one_line(error)) from None
+    model, optimizer, fp8_recipe = built
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    done = _train_and_validate(
-        bench, model_name, setting, steps, (model, optimizer, trained), fp8, loader
-    )
-    optimizer_name = f"{type(optimizer).__module__}.{type(optimizer).__name__}"
-    del model, optimizer, trained  # free this run before the next is built
-    if done["first_failure"] is not None:
-        raise FirstStepFailed(done["first_failure"])
-    losses = done["losses"]
+    loader, validation = bench.loader(model_name, seed), bench.validation_batches(model_name)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, plan.lr_factor)
+    log = LossLog(steps, bench.device)
+    evaluated, interval_ms, error, start = [], [], None, 0
+    for stop in plan.eval_points(steps):
+        try:
+            seconds = _interval(bench, built, scheduler, loader.batches(stop - start, start),
+                                plan.max_grad_norm, log)
+            chunk = log.read(start)
+        except Exception as failure:
+            if not start:
+                raise FirstStepFailed(one_line(failure)) from None
+            error = f"step {start}..{stop}: {one_line(failure)}"
+            break
+        value = evaluate(model, validation, bench.te, fp8_recipe)
+        evaluated.append((stop, value))
+        interval_ms.append((stop, round(seconds * 1e3 / (stop - start), 3)))
+        bench.log(f"  {model_name} {setting}: step {stop}/{steps} train {chunk[-1]:.4f} "
+                  f"validation {value:.4f} ({seconds:.1f} s)")
+        start = stop
+        if not (math.isfinite(value) and all(map(math.isfinite, chunk))):
+            error = f"non-finite loss by step {stop}: stopped"
+            break
+    losses = log.read()
     return {
-        "what_ran": {
-            "form": setting.form,
-            "recipe": None if fp8_recipe is None else repr(fp8_recipe),
-            "calibration_step": setting.calibrate,
-            "compiled": setting.compile,
-            "optimizer": optimizer_name,
-            "host_syncs": "at evaluation points only",
-        },
+        "what_ran": {"recipe": None if fp8_recipe is None else repr(fp8_recipe),
+                     "optimizer": f"{type(optimizer).__module__}.{type(optimizer).__name__}",
+                     "host_syncs": "at evaluation points only"},
         "steps_run": len(losses),
         "train_loss": finite(losses),
-        "validation": {
-            "step": [s for s, _ in done["evaluated"]],
-            "loss": finite(v for _, v in done["evaluated"]),
-        },
-        "interval_ms_per_step": {
-            "step": [s for s, _ in done["interval_ms"]],
-            "ms": [ms for _, ms in done["interval_ms"]],
-        },
-        "memory": {
-            "peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved() if cuda else None,
-        },
+        "validation": {"step": [s for s, _ in evaluated],
+                       "loss": finite(v for _, v in evaluated)},
+        "interval_ms_per_step": {"step": [s for s, _ in interval_ms],
+                                 "ms": [ms for _, ms in interval_ms]},
+        "memory": {"peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None},
         "non_finite_losses": int(sum(not math.isfinite(v) for v in losses)),
-        "error": done["error"],
+        "error": error,
     }
 
 
+def commands() -> list[str]:
+    """The commands that make every result file of the plan, one GPU command each."""
+    return [
+        "python -m tools.train_e2e --group accuracy --seeds "
+        f"{','.join(map(str, seeds))} --out DIR"
+        for seeds in COMMAND_SEEDS
+    ]
+
+
 def describe_plan(bench) -> str:
-    """Both models, their plans and FLOPs per step, the corpus, and the commands of the plan."""
+    """Both models, their plans and FLOPs per step, the corpus, and the commands."""
     lines = []
     for model in MODELS:
         cfg, plan = bench.config(model), bench.plan(model)
@@ -199,43 +187,35 @@ def describe_plan(bench) -> str:
             f"{model}: H={cfg.hidden_size} L={cfg.num_layers} V={cfg.vocab_size}, "
             f"{flops.parameter_count(cfg) / 1e6:.0f}M parameters; B={plan.batch} S={plan.seq}, "
             f"{plan.steps} steps ({bench.epochs(model):.2f} epochs), "
-            f"{step / 1e12:.2f} TFLOP per step ({step / 600e12 * 1e3:.0f} ms at 600 TFLOP/s)"
+            f"{step / 1e12:.2f} TFLOP per step ({step / 400e12 * 1e3:.0f} ms at 400 TFLOP/s)"
         )
     lines.append(f"corpus: {json.dumps(bench.corpus.describe())}, split by {SPLIT_BY}")
-    lines.append("commands:")
-    lines += [f"  python -m tools.train_e2e --group {g} --out DIR" for g in GROUPS]
-    lines.append("  python -m tools.e2e_speed --out FILE")
+    lines.append(f"settings: {', '.join(RECIPES)}")
+    lines += ["commands:", *(f"  {c}" for c in commands()),
+              "  python -m tools.e2e_speed --out FILE"]
     return "\n".join(lines)
 
 
 def _report(path, record: dict) -> str:
     validation = (record.get("validation") or {}).get("loss") or [None]
     intervals = (record.get("interval_ms_per_step") or {}).get("ms") or [0.0]
-    return (
-        f"{path.name}: {record['wall_s']:.0f} s, {intervals[-1]:.1f} ms/step (last interval), "
-        f"validation {validation[-1]}, peak "
-        f"{(record.get('memory') or {}).get('peak_allocated_bytes') or 0:,} B, "
-        f"stamped: {record['stamp'] is not None}, error: {record['error']}"
-    )
+    return (f"{path.name}: {record['wall_s']:.0f} s, {intervals[-1]:.1f} ms/step (last "
+            f"interval), validation {validation[-1]}, stamped: {record['stamp'] is not None}, "
+            f"error: {record['error']}")
 
 
-def run_all(bench, model: str, runs, out, steps=None, budget_s: float = 540.0, log=print) -> int:
+def run_all(bench, model: str, runs, out, steps=None, budget_s: float = 500.0, log=print) -> int:
     """Run ``runs`` (``(setting, seed)`` pairs) of ``model`` and write each record to ``out``;
-    runs that would not finish inside ``budget_s`` are not started (their command is printed).
+    a run that would not finish inside ``budget_s`` is not started (its command is printed).
     Returns 0, 1 if a run recorded an error, 2 if the budget left runs out."""
     begin, longest, failures = time.perf_counter(), 0.0, 0
     for index, (setting, seed) in enumerate(runs):
         elapsed = time.perf_counter() - begin
         if index and elapsed + 1.2 * longest > budget_s:
             rest = ",".join(f"{s}:{n}" for s, n in runs[index:])
-            log(
-                f"time budget: {elapsed:.0f} s used; not started: {rest}\n"
-                f"  run: python -m tools.train_e2e --model {model} --runs {rest} --out DIR"
-            )
+            log(f"time budget: {elapsed:.0f} s used; not started: {rest}\n"
+                f"  run: python -m tools.train_e2e --runs {rest} --out DIR")
             return 2
-        if SETTINGS[setting].gpu_only and not bench.on_gpu:
-            log(f"{setting}: skipped here ({SETTINGS[setting].gpu_only})")
-            continue
         started = time.perf_counter()
         record = run(bench, model, setting, seed, steps=steps)
         longest = max(longest, time.perf_counter() - started)

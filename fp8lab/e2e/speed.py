@@ -1,111 +1,132 @@
-"""Chapter 09's speed ratios, measured in alternating rounds, with the GPU setting the time.
+"""Chapter 09's speed rounds: the trained model and a larger shape, timed by the protocol.
 
-:func:`measure` builds several settings of one model side by side on one GPU and times them
-by the book's protocol (:func:`fp8lab.protocol.rounds`): every round times ``steps`` whole
-training steps of each setting (batch, forward, loss, backward, clipping, optimizer), the order
-reversed every other round, so every ratio is taken from neighbouring seconds; :func:`ratio`
-judges it with its interval over the rounds against the session floor.
+:func:`measure` builds the settings of one model side by side on one GPU from the chapter's
+worker cells, and times whole training steps (batch, forward, loss, backward, clipping,
+optimizer: the chapter's ``train_step``) with :func:`fp8lab.protocol.rounds`, the order reversed
+every other round. The trained model (``llama``) is timed with its step captured as CUDA
+graphs (the worker's ``capture``), so that the host does not set its time; a capture that fails
+is recorded with its reason and the setting is timed without graphs, marked so. The larger
+shape (``large``, five layers of Llama 3 8B at S = 8192) is timed for speed only; its step is
+long enough for the GPU to set the time. Both time their settings in pairs with TE BF16, to
+fit one 80 GB GPU (a captured graph keeps its activations in its own memory pool).
 
-The host must not set the time. The small model's step is short enough that Python and the
-kernel launches would (chapter 03), so its settings run as CUDA graphs: TE's model and loss
-captured by ``te.make_graphed_callables``, PyTorch's compiled with
-``mode="reduce-overhead"`` (:mod:`fp8lab.e2e.steps`). A capture that raises is recorded as
-refused, with its reason, and the setting is timed without graphs (marked so). The large
-model's step is long enough for the GPU to set the time without graphs; each round records
-the host's time to issue the steps beside the device's time (CUDA events), which shows it.
-Losses stay on the device: no step waits for the host.
-
-Each group of settings starts with TE BF16, the anchor every ratio of the chapter is taken
-against; the large model's groups hold two settings each, to fit one 80 GB GPU. The steps
-train at the plan's peak learning rate on the plan's batch shape, from the shared initial
-weights. The file is stamped like the long runs (:func:`stamp`).
+Each group holds TE BF16, the anchor every ratio is taken against (:func:`comparison`). The
+file is stamped like the long runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import statistics
+import sys
 import time
 from dataclasses import asdict
 
-import numpy as np
 import torch
 
 from fp8lab import checks, flops, protocol
-from fp8lab import corpus as text
-from fp8lab.e2e import steps as stepping
-from fp8lab.e2e.bench import Bench
 from fp8lab.e2e.results import ROOT, result_modules
-from fp8lab.e2e.run import _one_line
+from fp8lab.e2e.run import one_line
 from fp8lab.e2e.settings import MODELS, SETTINGS
 
 RESULTS_FILE = ROOT / "tests" / "gpu_results" / "e2e_speed.json"
 ANCHOR = "bf16"
 GROUPS = {
-    "small": (("bf16", "te-delayed", "te-current", "torch-bf16-compiled"),),
-    "large": (("bf16", "te-current"), ("bf16", "te-delayed"), ("bf16", "torch-bf16-compiled")),
+    "llama": (("bf16", "delayed"), ("bf16", "current"), ("bf16", "block")),
+    "large": (("bf16", "current"), ("bf16", "delayed"), ("bf16", "block")),
 }
-GRAPHED = {"small": True, "large": False}  # CUDA graphs where the host would set the time
-ROUNDS = {"small": (7, 10), "large": (5, 5)}  # (rounds, steps per round)
-SCHEMA = 2
+GRAPHED = {"llama": True, "large": False}
+ROUNDS = {"llama": (7, 10), "large": (5, 5)}  # (rounds, steps per round)
+SCHEMA = 3
 
 
-def build_step(bench: Bench, model: str, name: str, graphs: bool):
-    """``(step, what ran)``: one setting of ``model`` built from the shared weights, captured
-    as CUDA graphs where ``graphs`` asks and this stack allows."""
-    setting, plan = SETTINGS[name], bench.plan(model)
-    fp8_recipe = bench._fp8_recipe(setting)
-    fp8 = {"te": bench.te, "fp8_recipe": fp8_recipe} if fp8_recipe is not None else {}
-    graphs = graphs and bench.on_gpu
-    _, optimizer, trained = bench._build(model, setting, fp8_recipe, graphs=graphs)
-    batches = iter(text.PackedLoader(bench.train_tokens, plan.batch, plan.seq, device=bench.device))
+def end_te_capture() -> None:
+    """Clear TE's "capturing" flag. ``te.make_graphed_callables`` sets it when it starts and
+    clears it only when it finishes; after a capture that raised it stays set, and TE then
+    skips every backward scale update of delayed scaling (TE 2.20: ``graph.py``)."""
+    graph = sys.modules.get("transformer_engine.pytorch.graph")
+    end = getattr(graph, "set_capture_end", None)
+    if end is not None:
+        end()
+
+
+@contextlib.contextmanager
+def class_call_kept(cls: type):
+    """Put ``cls.__call__`` back as it was on leaving, and TE's capturing flag down:
+    ``te.make_graphed_callables`` wraps the class's ``__call__`` while it captures and undoes
+    neither when the capture fails."""
+    if not isinstance(cls, type):
+        raise TypeError(f"cls={checks.show(cls)}: must be a class")
+    own = "__call__" in cls.__dict__
+    saved = cls.__dict__.get("__call__")
+    try:
+        yield
+    finally:
+        if own:
+            cls.__call__ = saved
+        elif "__call__" in cls.__dict__:
+            del cls.__call__
+        end_te_capture()
+
+
+def build_step(bench, model: str, name: str, graphs: bool):
+    """``(step, what ran)``: setting ``name`` of ``model`` from the worker cells, captured as
+    CUDA graphs where ``graphs`` asks and this stack allows."""
+    plan, code = bench.plan(model), bench.worker
+    built, optimizer, fp8_recipe = bench.build(model, name)
+    batches = iter(bench.loader(model))
     what = {"graphs": None, "refused": None}
-    if graphs and setting.form == "te_layer":
-        try:
-            trained = stepping.graph_te(trained, next(batches), bench.te, fp8_recipe)
-            what["graphs"] = "te.make_graphed_callables"
-        except Exception as error:  # a capture this stack refuses: timed without graphs
-            what["refused"] = _one_line(error)
-    elif graphs and setting.compile:
-        what["graphs"] = 'torch.compile(mode="reduce-overhead")'
+    if graphs and bench.on_gpu:
+        with class_call_kept(type(built)):
+            try:
+                built = code.capture(built, next(batches), bench.te, fp8_recipe)
+                what["graphs"] = "te.make_graphed_callables"
+            except Exception as error:  # a capture this stack refuses: timed without graphs
+                what["refused"] = one_line(error)
 
     def step():
-        return stepping.step(trained, next(batches), optimizer, plan.max_grad_norm, fp8)
+        return code.train_step(built, next(batches), optimizer, bench.te, fp8_recipe,
+                               plan.max_grad_norm)
 
     return step, what
 
 
-def _first_steps(bench: Bench, model: str, name: str, graphs: bool, warmup: int):
-    """Build ``name`` and take its warm-up steps; where the graphed form fails on its first
-    steps, record why and fall back to the form without graphs."""
+def _first_steps(bench, model: str, name: str, graphs: bool, warmup: int):
+    """Build ``name`` and take its warm-up steps; a graphed form that fails on them is
+    recorded and replaced by the form without graphs."""
     step, what = build_step(bench, model, name, graphs)
     try:
         for _ in range(max(1, warmup)):
             step()
         return step, what
     except Exception as error:
-        if not (graphs and what["graphs"]):
+        if not what["graphs"]:
             raise
-        refused = f"{what['graphs']}: {_one_line(error)}"
+        refused = f"{what['graphs']}: {one_line(error)}"
     del step
+    bench.release()
     step, what = build_step(bench, model, name, graphs=False)
     for _ in range(max(1, warmup)):
         step()
     return step, {**what, "refused": refused}
 
 
-def time_group(bench: Bench, model: str, settings, rounds: int, steps: int, warmup: int) -> dict:
-    """Build ``settings`` of ``model`` side by side, warm each up, then time them in rounds
-    (:func:`fp8lab.protocol.rounds`: ``steps`` steps of each per round, the order reversed every
-    other round). Returns ``{"settings", "ms_per_step", "host_ms_per_step", "what_ran"}``, one
-    list per setting: its device and host ms per step in each round (median over its steps)."""
-    graphs = GRAPHED[model]
+def time_group(bench, model: str, settings, rounds: int, steps: int, warmup: int) -> dict:
+    """Build ``settings`` of ``model`` side by side, warm each up, then time them in rounds;
+    ``{"settings", "ms_per_step", "host_ms_per_step", "what_ran"}`` per round and setting."""
     step_of, what_ran = {}, {}
     for name in settings:
-        step_of[name], what_ran[name] = _first_steps(bench, model, name, graphs, warmup)
-    timed = protocol.rounds(
-        step_of, rounds=rounds, calls=steps, warmup=0, kernel_time=None, device=bench.device
-    )
+        step_of[name], what_ran[name] = _first_steps(bench, model, name, GRAPHED[model], warmup)
+    if len({bool(w["graphs"]) for w in what_ran.values()}) > 1:  # one side refused graphs:
+        refused = {n: w["refused"] for n, w in what_ran.items()}  # time every side without
+        del step_of
+        bench.release()
+        step_of = {}
+        for name in settings:
+            step_of[name], what_ran[name] = _first_steps(bench, model, name, False, warmup)
+            what_ran[name]["refused"] = refused[name] or "graphs off: another side refused"
+    timed = protocol.rounds(step_of, rounds=rounds, calls=steps, warmup=0, kernel_time=None,
+                            device=bench.device)
     del step_of
     bench.release()
     return {
@@ -116,30 +137,28 @@ def time_group(bench: Bench, model: str, settings, rounds: int, steps: int, warm
     }
 
 
-def measure(bench: Bench, models=MODELS, rounds=None, steps=None, warmup=5, log=print) -> dict:
+def measure(bench, models=MODELS, rounds=None, steps=None, warmup: int = 5, log=print) -> dict:
     """Every group of every model in ``models`` (rounds and steps per round: :data:`ROUNDS`
-    unless given); off the GPU, the compiled settings are left out of their groups."""
+    unless given); a group that cannot run here is recorded with its error."""
     rounds = None if rounds is None else checks.integer("rounds", rounds, minimum=2)
     steps = None if steps is None else checks.integer("steps", steps)
     warmup = checks.integer("warmup", warmup, minimum=0)
     record = {"schema": SCHEMA, "preset": bench.preset, "warmup": warmup, "models": {}}
     for model in models:
         checks.choice("model", model, MODELS)
-        plan = bench.plan(model)
+        plan, cfg = bench.plan(model), bench.config(model)
         model_rounds, model_steps = rounds or ROUNDS[model][0], steps or ROUNDS[model][1]
         groups = []
         for group in GROUPS[model]:
-            runnable = tuple(n for n in group if bench.on_gpu or SETTINGS[n].gpu_only is None)
             begin = time.perf_counter()
             try:
-                timed = time_group(bench, model, runnable, model_rounds, model_steps, warmup)
-            except Exception as error:  # a group that cannot run here: on record, not fatal
-                timed = {"settings": list(runnable), "ms_per_step": {}, "host_ms_per_step": {}}
-                timed.update(what_ran={}, error=_one_line(error))
+                timed = time_group(bench, model, group, model_rounds, model_steps, warmup)
+            except Exception as error:  # on record, not fatal
+                timed = {"settings": list(group), "ms_per_step": {}, "host_ms_per_step": {},
+                         "what_ran": {}, "error": one_line(error)}
                 bench.release()
             groups.append(timed)
-            log(f"{model} {', '.join(runnable)}: {time.perf_counter() - begin:.0f} s")
-        cfg = bench.config(model)
+            log(f"{model} {', '.join(group)}: {time.perf_counter() - begin:.0f} s")
         record["models"][model] = {
             "config": asdict(cfg),
             "tokens_per_step": plan.tokens_per_step,
@@ -152,74 +171,52 @@ def measure(bench: Bench, models=MODELS, rounds=None, steps=None, warmup=5, log=
     return record
 
 
-def ratio(record: dict, model: str, setting: str, baseline: str = ANCHOR) -> dict | None:
-    """How many times faster ``setting`` ran than ``baseline`` (time of ``baseline`` over time of
-    ``setting``, round by round), from the first group of ``model`` that holds both, judged by
-    the protocol (:meth:`fp8lab.protocol.Rounds.compare`): ``{"median"`` (of the per-round
-    ratios), ``"estimate"``, ``"low"``, ``"high"`` (its 95% interval), ``"rounds"``,
-    ``"verdict"}``, or None where no group holds both."""
-    for group in record["models"][model]["groups"]:
+def comparison(record: dict, model: str, setting: str, baseline: str = ANCHOR):
+    """``setting`` against ``baseline`` (a :class:`fp8lab.protocol.Comparison`, above 1:
+    ``setting`` is faster) from the first group of ``model`` that timed both, or None (also
+    where ``model`` was not measured)."""
+    for group in record.get("models", {}).get(model, {}).get("groups", []):
         times = group["ms_per_step"]
         if setting in times and baseline in times:
             per_round = {n: [[ms] for ms in times[n]] for n in (setting, baseline)}
-            found = protocol.Rounds.from_times(per_round).compare(setting, baseline)
-            return {
-                "median": statistics.median(found.ratios),
-                "estimate": found.estimate,
-                "low": found.low,
-                "high": found.high,
-                "rounds": len(found.ratios),
-                "verdict": found.verdict,
-            }
-    return None
-
-
-def tokens_per_s(record: dict, model: str, setting: str) -> float | None:
-    """The median over rounds of ``setting``'s tokens/s (its first group), or None."""
-    entry = record["models"][model]
-    for group in entry["groups"]:
-        if setting in group["ms_per_step"]:
-            return entry["tokens_per_step"] / (np.median(group["ms_per_step"][setting]) / 1e3)
+            return protocol.Rounds.from_times(per_round, cuda=record.get("device") != "cpu"
+                                              ).compare(setting, baseline)
     return None
 
 
 def stamp(record: dict, seconds: float) -> dict | None:
     """The stamp of a full-preset measurement on a GPU with TE; None elsewhere."""
     from fp8lab import stamp as lane
+    from fp8lab.e2e.worker import source_sha256
 
     if not (record["preset"] == "full" and torch.cuda.is_available()):
         return None
-    return lane.stamp_record(result_modules("tools.e2e_speed"), run_seconds=round(seconds, 1))
+    return lane.stamp_record(result_modules("tools.e2e_speed"), run_seconds=round(seconds, 1),
+                             worker_sha256=source_sha256())
 
 
-def measure_and_write(bench: Bench, models, out, rounds=None, steps=None, log=print) -> dict:
-    """:func:`measure`, with the corpus, the device and the :func:`stamp` (once every model is
-    measured), written to ``out`` (JSON) after each model; returns the record."""
+def measure_and_write(bench, models, out, rounds=None, steps=None, log=print) -> dict:
+    """:func:`measure`, written to ``out`` (JSON) after each model, stamped once all are."""
     begin, record = time.perf_counter(), None
     out.parent.mkdir(parents=True, exist_ok=True)
     for model in models:  # written after each model: a run cut short keeps what it measured
         part = measure(bench, (model,), rounds=rounds, steps=steps, log=log)
-        record = (
-            part if record is None else {**record, "models": {**record["models"], **part["models"]}}
-        )
+        record = part if record is None else {**record,
+                                              "models": {**record["models"], **part["models"]}}
         record["corpus"] = bench.corpus.describe()
         record["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-        record["stamp"] = None
-        if model == models[-1]:
-            record["stamp"] = stamp(record, time.perf_counter() - begin)
+        record["stamp"] = stamp(record, time.perf_counter() - begin) if model == models[-1] \
+            else None
         out.write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 
 def summary(record: dict, models) -> list[str]:
-    """One line per measured setting: its ratio to TE BF16, the interval and the verdict."""
+    """One line per measured setting: its verdict against TE BF16."""
     lines = []
     for model in models:
         for name in SETTINGS:
-            found = ratio(record, model, name)
-            if found and name != ANCHOR:
-                lines.append(
-                    f"{model} {name}: {found['estimate']:.3f}x TE BF16 "
-                    f"({found['low']:.3f}-{found['high']:.3f}, {found['verdict']})"
-                )
+            found = comparison(record, model, name) if name != ANCHOR else None
+            if found is not None:
+                lines.append(f"{model} {name} vs {ANCHOR}: {found.phrase()}")
     return lines

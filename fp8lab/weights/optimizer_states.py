@@ -15,32 +15,19 @@ as a ``Float8Tensor`` made by ``Float8Quantizer(scale, amax, E4M3).make_empty(sh
 transpose, allocated with the data: two bytes per parameter per FP8 moment, although no GEMM
 ever reads an optimizer state. On Blackwell one buffer serves both uses (one byte).
 
-:data:`STATE_OPTIONS` lists the settings the chapter measures, :func:`expected_bytes` what each
-should hold per parameter, and :func:`state_bytes_per_parameter` what it does hold: the bytes
-``torch.cuda.memory_allocated`` gains over the first ``step`` (when TE creates the state).
+:func:`expected_bytes` says what each setting should hold per parameter; chapter 06 measures
+what it does hold, in its own cells (the bytes ``torch.cuda.memory_allocated`` gains over the
+first ``step``, when TE creates the state).
 """
 
 from __future__ import annotations
-
-import gc
-import math
 
 import torch
 
 from fp8lab import checks
 
-__all__ = ["STATE_OPTIONS", "expected_bytes", "state_bytes_per_parameter"]
+__all__ = ["expected_bytes"]
 
-STATE_OPTIONS: dict[str, dict] = {
-    "FP32 master, FP32 moments (default)": {},
-    "FP32 master, BF16 moments": {"exp_avg_dtype": torch.bfloat16,
-                                  "exp_avg_sq_dtype": torch.bfloat16},
-    "FP32 master, FP8 moments": {"exp_avg_dtype": torch.uint8,
-                                 "exp_avg_sq_dtype": torch.uint8},
-    "FP16 master, FP32 moments": {"master_weight_dtype": torch.float16},
-    "FP32 master as BF16 remainders": {"store_param_remainders": True},
-    "no master weights": {"master_weights": False},
-}
 _SIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.uint8: 1}
 
 
@@ -69,26 +56,3 @@ def expected_bytes(options: dict, fp8_transpose: bool = True) -> float:
     if master not in (torch.float32, torch.float16):
         raise ValueError(f"options['master_weight_dtype']={master}: must be FP32 or FP16")
     return float(moments + _SIZE[master])
-
-
-def state_bytes_per_parameter(te, model: torch.nn.Module, options: dict) -> float:
-    """Bytes per parameter that the first ``FusedAdam(**options).step()`` allocates for the
-    gradients already on ``model`` (``.grad``); NaN without a CUDA allocator. The state is
-    freed before returning."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-    expected_bytes(options)
-    params = list(model.parameters())
-    if not params or params[0].device.type != "cuda":
-        return math.nan
-    gc.collect()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    kwargs = {"lr": 1e-6, "master_weights": True, **options}
-    optimizer = te.optimizers.FusedAdam(params, **kwargs)
-    optimizer.step()
-    torch.cuda.synchronize()
-    grown = torch.cuda.memory_allocated() - before
-    del optimizer
-    gc.collect()
-    return grown / sum(p.numel() for p in params)
