@@ -280,3 +280,64 @@ def test_the_command_line_refuses_smoke_runs_it_was_not_asked_for(tmp_path):
     result = _cli("--group", "accuracy", "--seeds", "0", "--out", str(tmp_path))
     assert result.returncode == 2 and "--preset smoke" in result.stderr
     assert not list(tmp_path.iterdir())
+
+
+def _twins(seed=1234):
+    """The smoke Llama of TE layers (the CPU reference) and its plain-PyTorch copy."""
+    import fp8lab
+    from fp8lab.e2e import settings
+
+    te, _ = fp8lab.import_te()
+    code = worker.load()
+    cfg = settings.model_config("llama", 512, "smoke")
+    torch.manual_seed(seed)
+    te_model = code.Llama(cfg, te, torch.device("cpu"))
+    return code, te_model, code.copy_from_te(code.TorchLlama(cfg, torch.device("cpu")), te_model)
+
+
+def test_the_plain_pytorch_llama_computes_what_the_te_llama_does():
+    """Same weights, same function: logits and every layer's weight gradients agree (FP32)."""
+    code, te_model, torch_model = _twins()
+    tokens = torch.randint(0, 512, (2, 64), generator=torch.Generator().manual_seed(0))
+    targets = tokens.roll(-1, dims=1)
+    with torch.no_grad():
+        te_logits, torch_logits = te_model(tokens), torch_model(tokens)
+    assert ((te_logits - torch_logits).norm() / te_logits.norm()).item() < 1e-5
+    te_model(tokens, targets).backward()
+    torch_model(tokens, targets).backward()
+    theirs = dict(te_model.named_parameters())
+    for mine, te_name in code.TE_NAMES.items():
+        a, b = torch_model.get_parameter(f"layers.0.{mine}").grad, theirs[f"layers.0.{te_name}"].grad
+        assert ((a - b).norm() / b.norm()).item() < 1e-5, mine
+
+
+def test_a_wrong_gate_order_would_be_caught():
+    """The check above can fail: SwiGLU gating the second half (PyTorch's GLU convention)."""
+    code, te_model, torch_model = _twins()
+    with torch.no_grad():
+        fc1 = torch_model.layers[0].fc1.weight
+        fc1.copy_(torch.cat(fc1.chunk(2, dim=0)[::-1]))
+    tokens = torch.randint(0, 512, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        te_logits, torch_logits = te_model(tokens), torch_model(tokens)
+    assert ((te_logits - torch_logits).norm() / te_logits.norm()).item() > 1e-3
+
+
+def test_copy_from_te_refuses_weights_it_would_leave_behind():
+    code, te_model, _ = _twins()
+    te_model.register_parameter("extra", torch.nn.Parameter(torch.zeros(1)))
+    from fp8lab.e2e import settings
+
+    cfg = settings.model_config("llama", 512, "smoke")
+    with pytest.raises(ValueError, match="unmapped TE weights: \\['extra'\\]"):
+        code.copy_from_te(code.TorchLlama(cfg, torch.device("cpu")), te_model)
+
+
+def test_te_runs_hash_only_the_te_cells():
+    te_only = worker.source(tags=worker.TE_CELLS)
+    both = worker.source(tags=worker.TORCH_CELLS)
+    assert "class Llama" in te_only and "TorchLlama" not in te_only
+    assert "TorchLlama" in both and both.startswith(te_only.split("\n\n")[0])
+    assert worker.source_sha256() != worker.source_sha256(tags=worker.TORCH_CELLS)
+    with pytest.raises(TypeError, match="tags"):
+        worker.source(tags="worker")
