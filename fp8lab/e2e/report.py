@@ -139,12 +139,13 @@ def projection(record: dict, target: TransformerConfig, tokens: float, seq: int)
     """GPU-hours to train ``target`` on ``tokens`` at the large shape's measured rates, which
     must have been timed at ``seq``: its layers at each setting's rate (TE BF16's rate times
     the setting's paired ratio to it, so that drift between groups cancels), its LM head
-    (BF16 in every setting) at TE BF16's. One GPU's rate, perfect scaling: a lower bound."""
+    (BF16 in every setting) at TE BF16's. One GPU's rate, perfect scaling: a lower bound.
+    An empty table where the record was timed at another length (a GPU file read at the
+    smoke length on a CPU): rates are not carried from one length to another."""
+    checks.integer("seq", seq)
     entry = record["models"]["large"]
-    timed_at = entry["config"]["max_seq_len"]
-    if timed_at != seq:
-        raise ValueError(f"seq={seq}: the large shape was timed at S={timed_at}; project at "
-                         "the length that was timed")
+    if entry["config"]["max_seq_len"] != seq:
+        return pd.DataFrame()
     head, layers = head_and_layers(target, seq)
     table, rows = speed_table(record), {}
     bf16_key = ("large", SETTINGS[ANCHOR].label)
