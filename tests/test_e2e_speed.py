@@ -34,10 +34,14 @@ def test_the_committed_speed_file_comes_from_the_gpu_lane():
                 assert not entry["graphs"] or ran["graphs"] or ran["refused"], (model, name)
 
 
-def test_every_group_holds_the_anchor_and_every_recipe_is_timed_on_both_models():
+def test_every_group_holds_its_baseline_and_every_setting_is_timed_on_both_models():
     for groups in e2e_speed.GROUPS.values():
-        assert all(group[0] == e2e_speed.ANCHOR and len(group) == 2 for group in groups)
-        assert {name for group in groups for name in group} == set(e2e.RECIPES)
+        for first, second in groups:
+            assert first == e2e_speed.baseline_of(second) or (first, second) == (
+                "bf16", "torch-bf16")  # the two BF16 baselines against each other
+        assert {name for group in groups for name in group} == set(e2e.SETTINGS)
+    assert e2e_speed.baseline_of("torchao-rowwise") == "torch-bf16"
+    assert e2e_speed.baseline_of("block") == e2e_speed.ANCHOR == "bf16"
     assert e2e_speed.GRAPHED == {"llama": True, "large": False}
 
 
@@ -121,9 +125,14 @@ def test_the_measurement_runs_on_the_reference(tmp_path, monkeypatch):
     assert [g["settings"] for g in groups] == [list(g) for g in e2e_speed.GROUPS["llama"]]
     assert record["models"]["llama"]["graphs"] is False  # no CUDA graphs off the GPU
     for group in groups:
+        if any(name.startswith("torchao") for name in group["settings"]):
+            assert "needs a CUDA GPU" in group["error"]  # refused on record, not fatal
+            continue
         assert all(ran == {"graphs": None, "refused": None} for ran in group["what_ran"].values())
         assert all(len(times) == 2 and min(times) > 0 for times in group["ms_per_step"].values())
     assert e2e_speed.comparison(record, "llama", "current") is not None
+    assert e2e_speed.comparison(record, "llama", "torch-bf16") is not None  # against TE BF16
+    assert e2e_speed.comparison(record, "llama", "torchao-rowwise", "torch-bf16") is None
     assert e2e_speed.stamp(record, 1.0) is None
     with pytest.raises(ValueError, match="rounds"):
         e2e_speed.measure(bench, ("llama",), rounds=1)

@@ -7,11 +7,15 @@ every other round. The trained model (``llama``) is timed with its step captured
 graphs (the worker's ``capture``), so that the host does not set its time; a capture that fails
 is recorded with its reason and the setting is timed without graphs, marked so. The larger
 shape (``large``, five layers of Llama 3 8B at S = 8192) is timed for speed only; its step is
-long enough for the GPU to set the time. Both time their settings in pairs with TE BF16, to
-fit one 80 GB GPU (a captured graph keeps its activations in its own memory pool).
+long enough for the GPU to set the time. Both time their settings in pairs, to fit one 80 GB
+GPU (a captured graph keeps its activations in its own memory pool).
 
-Each group holds TE BF16, the anchor every ratio is taken against (:func:`comparison`). The
-file is stamped like the long runs.
+The PyTorch settings (the same Llama in plain PyTorch; torchao's float8 on it) are compiled
+with ``torch.compile``, as torchao intends: with ``mode="reduce-overhead"`` (CUDA graphs)
+where TE's side is captured, the default mode where it is not. Each group holds its family's
+BF16, the baseline its ratio is taken against (:func:`comparison`): TE BF16 for TE's recipes,
+PyTorch BF16 for torchao's; one group sets PyTorch BF16 against TE BF16, the question of
+which BF16 baseline is the strong one. The file is stamped like the long runs.
 """
 
 from __future__ import annotations
@@ -31,10 +35,13 @@ from fp8lab.e2e.settings import MODELS, SETTINGS
 
 RESULTS_FILE = ROOT / "tests" / "gpu_results" / "e2e_speed.json"
 ANCHOR = "bf16"
+TORCH_GROUPS = (("bf16", "torch-bf16"), ("torch-bf16", "torchao-tensorwise"),
+                ("torch-bf16", "torchao-rowwise"))
 GROUPS = {
-    "llama": (("bf16", "delayed"), ("bf16", "current"), ("bf16", "block")),
-    "large": (("bf16", "current"), ("bf16", "delayed"), ("bf16", "block")),
+    "llama": (("bf16", "delayed"), ("bf16", "current"), ("bf16", "block"), *TORCH_GROUPS),
+    "large": (("bf16", "current"), ("bf16", "delayed"), ("bf16", "block"), *TORCH_GROUPS),
 }
+BASELINES = {"te": "bf16", "torch": "torch-bf16"}  # each family's BF16
 GRAPHED = {"llama": True, "large": False}
 ROUNDS = {"llama": (7, 10), "large": (5, 5)}  # (rounds, steps per round)
 SCHEMA = 3
@@ -76,7 +83,13 @@ def build_step(bench, model: str, name: str, graphs: bool):
     built, optimizer, fp8_recipe = bench.build(model, name)
     batches = iter(bench.loader(model))
     what = {"graphs": None, "refused": None}
-    if graphs and bench.on_gpu:
+    if SETTINGS[name].family == "torch":
+        if bench.on_gpu:  # compiled as torchao intends; CUDA graphs where TE's side has them
+            mode = "reduce-overhead" if graphs else "default"
+            built = torch.compile(built, mode=mode)
+            what["compiled"] = f"torch.compile(mode={mode!r})"
+            what["graphs"] = what["compiled"] if graphs else None
+    elif graphs and bench.on_gpu:
         with class_call_kept(type(built)):
             try:
                 built = code.capture(built, next(batches), bench.te, fp8_recipe)
@@ -171,10 +184,17 @@ def measure(bench, models=MODELS, rounds=None, steps=None, warmup: int = 5, log=
     return record
 
 
+def baseline_of(setting: str) -> str:
+    """The BF16 setting of ``setting``'s family, the one its speed is judged against."""
+    checks.choice("setting", setting, SETTINGS)
+    return BASELINES[SETTINGS[setting].family]
+
+
 def comparison(record: dict, model: str, setting: str, baseline: str = ANCHOR):
     """``setting`` against ``baseline`` (a :class:`fp8lab.protocol.Comparison`, above 1:
     ``setting`` is faster) from the first group of ``model`` that timed both, or None (also
-    where ``model`` was not measured)."""
+    where ``model`` was not measured). torchao's settings are read against
+    ``baseline_of(setting)``, PyTorch BF16."""
     for group in record.get("models", {}).get(model, {}).get("groups", []):
         times = group["ms_per_step"]
         if setting in times and baseline in times:
@@ -187,12 +207,12 @@ def comparison(record: dict, model: str, setting: str, baseline: str = ANCHOR):
 def stamp(record: dict, seconds: float) -> dict | None:
     """The stamp of a full-preset measurement on a GPU with TE; None elsewhere."""
     from fp8lab import stamp as lane
-    from fp8lab.e2e.worker import source_sha256
+    from fp8lab.e2e.worker import TORCH_CELLS, source_sha256
 
     if not (record["preset"] == "full" and torch.cuda.is_available()):
         return None
     return lane.stamp_record(result_modules("tools.e2e_speed"), run_seconds=round(seconds, 1),
-                             worker_sha256=source_sha256())
+                             worker_sha256=source_sha256(tags=TORCH_CELLS))  # both kinds
 
 
 def measure_and_write(bench, models, out, rounds=None, steps=None, log=print) -> dict:
@@ -212,11 +232,13 @@ def measure_and_write(bench, models, out, rounds=None, steps=None, log=print) ->
 
 
 def summary(record: dict, models) -> list[str]:
-    """One line per measured setting: its verdict against TE BF16."""
+    """One line per measured setting: its verdict against its family's BF16 (PyTorch BF16's
+    against TE BF16)."""
     lines = []
     for model in models:
         for name in SETTINGS:
-            found = comparison(record, model, name) if name != ANCHOR else None
+            base = ANCHOR if name == "torch-bf16" else baseline_of(name)
+            found = comparison(record, model, name, base) if name != base else None
             if found is not None:
-                lines.append(f"{model} {name} vs {ANCHOR}: {found.phrase()}")
+                lines.append(f"{model} {name} vs {base}: {found.phrase()}")
     return lines
