@@ -33,7 +33,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -117,11 +116,11 @@ def compare(stamped: dict[str, dict], rerun: dict[str, dict]) -> list[dict]:
 
 
 def _execute(copy: Path, environment: dict[str, str]) -> tuple[bool, float]:
+    from tools.lane import execute  # the lane's one executor (tools.lane imports this module)
+
     begin = time.perf_counter()
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbmake",
-               "--nbmake-timeout=900", "--overwrite", str(copy)]
-    result = subprocess.run(command, env=environment, cwd=ROOT)
-    return result.returncode == 0, time.perf_counter() - begin
+    done = execute(copy, environment)
+    return done, time.perf_counter() - begin
 
 
 def rerun(path: Path) -> dict:
