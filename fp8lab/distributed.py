@@ -4,9 +4,11 @@ A notebook is one process; training on N GPUs takes N processes that find each o
 :func:`torchrun` starts ``python -m torch.distributed.run --standalone --nproc-per-node N
 SCRIPT ARGS_JSON RESULT_JSON``, waits for it (up to ``timeout_s``) and returns what rank 0
 wrote at ``RESULT_JSON``; a job that fails or runs too long comes back as ``{"error": ...}``
-with the end of its log (and whatever rank 0 had written by then), so that a chapter shows
-the failure rather than stopping on it. A job stopped for its time has its workers stopped
-too, so that they do not hold the GPUs the next job needs.
+with the first worker traceback of its log (:func:`first_traceback`: torchrun's own summary
+names the failed rank but not its exception), the end of the log, and whatever rank 0 had
+written by then, so that a chapter shows the failure rather than stopping on it. A job
+stopped for its time has its workers stopped too, so that they do not hold the GPUs the
+next job needs.
 
 Every process gets :data:`MULTICAST_OFF`: NVLink SHARP (multicast) stays off for NCCL,
 PyTorch's symmetric memory and NVSHMEM, and TE's Userbuffers use CUDA IPC (``UB_SKIPMC=1``).
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,7 +32,7 @@ from pathlib import Path
 
 from fp8lab import checks
 
-__all__ = ["command", "torchrun", "worker_environment"]
+__all__ = ["command", "first_traceback", "torchrun", "worker_environment"]
 
 MULTICAST_OFF = {
     "NCCL_NVLS_ENABLE": "0",
@@ -39,6 +42,28 @@ MULTICAST_OFF = {
 }
 ROOT = Path(__file__).resolve().parent.parent
 LOG_TAIL = 3000
+TRACEBACK_LINES = 60
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")  # torchrun's per-rank tag
+
+
+def first_traceback(log: str) -> str:
+    """The first Python traceback in a job's log, up to its exception line (at most
+    :data:`TRACEBACK_LINES` lines), or ``""``. Lines tagged ``[rankN]:`` are read untagged;
+    torchrun's own traceback (``torch/distributed/run.py``) is not a worker's and is skipped."""
+    if not isinstance(log, str):
+        raise TypeError(f"log must be a str, not {type(log).__name__}")
+    lines = [_RANK_PREFIX.sub("", line) for line in log.splitlines()]
+    for start, line in enumerate(lines):
+        if not line.startswith("Traceback (most recent call last):"):
+            continue
+        block = [line]
+        for following in lines[start + 1:]:
+            block.append(following)
+            if following and not following[0].isspace():  # the exception's own line
+                break
+        if not any("torch/distributed/run.py" in b or "elastic/" in b for b in block):
+            return "\n".join(block[:TRACEBACK_LINES])
+    return ""
 
 
 def worker_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -133,7 +158,10 @@ def torchrun(
         found = json.loads(result.read_text()) if result.is_file() else {}
     if code == 0 and found:
         return {**found, "seconds": seconds}
-    return {**found, "error": f"exit code {code}\n{log[-LOG_TAIL:]}", "seconds": seconds}
+    cause, tail = first_traceback(log), log[-LOG_TAIL:]
+    shown = cause and cause not in tail
+    head = f"first traceback:\n{cause}\n--- end of the log:\n" if shown else ""
+    return {**found, "error": f"exit code {code}\n{head}{tail}", "seconds": seconds}
 
 
 def _children(pid: int) -> list[int]:

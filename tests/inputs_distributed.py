@@ -109,6 +109,11 @@ ENTRIES = {
         lambda script, nproc: distributed.torchrun(script, nproc, timeout_s=5),
         {"script": maybe(st.just(str(_FOLDER / "missing.py"))), "nproc": maybe(ints(1, 4))},
     ),
+    "distributed.first_traceback": Entry(
+        distributed.first_traceback,
+        {"log": maybe(st.sampled_from(["", "Traceback (most recent call last):\nValueError: x",
+                                       "[rank1]: Traceback (most recent call last):"]))},
+    ),
     "distributed.worker_environment": Entry(
         distributed.worker_environment, {"extra": maybe(st.just({"A": "1"}))}
     ),

@@ -247,6 +247,8 @@ args, out = json.loads(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo")
 if args.get("fail"):
     raise SystemExit(3)
+if args.get("raise") and dist.get_rank() == 0:
+    raise RuntimeError("rank 0 says no")
 found = rounds_on_ranks({"a": lambda: None, "b": lambda: dist.barrier()}, "cpu",
                         rounds=2, calls=2, warmup=1)
 write(out, {"ranks": gather(dist.get_rank()), "args": args, "rounds": found})
@@ -276,6 +278,34 @@ def test_torchrun_returns_rank_zeros_result(worker_file):
 def test_a_failed_job_comes_back_as_an_error(worker_file):
     result = distributed.torchrun(worker_file, 2, {"fail": True}, timeout_s=120)
     assert set(result) == {"error", "seconds"} and "exit code" in result["error"]
+
+
+def test_a_failed_job_shows_the_workers_exception(worker_file):
+    result = distributed.torchrun(worker_file, 2, {"raise": True}, timeout_s=120)
+    assert "RuntimeError: rank 0 says no" in result["error"]
+
+
+LOG = """starting
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "pp.py", line 3, in <module>
+[rank0]:     stage.step()
+[rank0]: RuntimeError: shapes differ
+[rank1]: waiting
+Traceback (most recent call last):
+  File "/venv/torch/distributed/run.py", line 990, in main
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+"""
+
+
+def test_first_traceback_finds_the_workers_not_torchruns():
+    found = distributed.first_traceback(LOG)
+    assert found.splitlines()[0].startswith("Traceback")
+    assert found.endswith("RuntimeError: shapes differ") and "[rank0]" not in found
+    only_torchrun = LOG.split("[rank1]: waiting\n")[1]
+    assert distributed.first_traceback(only_torchrun) == ""
+    assert distributed.first_traceback("no traceback here") == ""
+    with pytest.raises(TypeError, match="log must be a str"):
+        distributed.first_traceback(None)
 
 
 HANGING = """

@@ -59,8 +59,8 @@ def test_the_agendas_have_their_lengths():
     assert "08" in {slot.block.chapter for slot in course}
 
 
-def test_the_two_gpu_chapter_is_stamped_on_two_gpus():
-    assert plan.need("08").gpus == 2
+def test_the_multi_gpu_chapter_is_stamped_on_several_gpus():
+    assert plan.need("08").gpus >= 2  # two in the course's rooms; four where lent
 
 
 @pytest.mark.parametrize("key", CHAPTER_KEYS)
