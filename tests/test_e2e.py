@@ -11,7 +11,7 @@ import torch
 from fp8lab import e2e, flops
 from fp8lab import stamp as lane
 from fp8lab.config import preset_config
-from fp8lab.e2e import worker
+from fp8lab.e2e import run, worker
 from tools import stamps
 
 EXPECTED = e2e.expected_files()
@@ -35,23 +35,26 @@ def test_committed_outputs_come_from_the_gpu_lane(name):
     record = json.loads(path.read_text())
     assert stamps.record_status(record.get("stamp"), name).broken == ()
     assert record["steps_run"] == record["steps_planned"] or record["error"]
-    assert record["stamp"].get("worker_sha256") == worker.source_sha256()
+    assert record["stamp"].get("worker_sha256") == run.worker_sha256(record["setting"])
 
 
-def test_the_plan_pairs_every_recipe_with_bf16_over_five_seeds():
+def test_the_plan_pairs_every_recipe_with_its_bf16_over_five_seeds():
     assert len(e2e.SEEDS) >= 5
-    assert len(EXPECTED) == len(e2e.RECIPES) * len(e2e.SEEDS)
+    settings = (*e2e.RECIPES, *e2e.TORCH_SETTINGS)
+    assert len(EXPECTED) == len(settings) * len(e2e.SEEDS)
     assert {name.split("__")[0] for name in EXPECTED} == {"llama"}
     assert set(e2e.RECIPES) == {"bf16", "delayed", "current", "block"}
+    assert set(e2e.TORCH_SETTINGS) == {"torch-bf16", "torchao-tensorwise", "torchao-rowwise"}
     assert sorted(s for seeds in e2e.COMMAND_SEEDS for s in seeds) == list(e2e.SEEDS)
+    labels = {name: e2e.SETTINGS[name].label for name in settings}
+    assert labels["torch-bf16"] == "PyTorch BF16" and labels["bf16"] == "TE BF16"
+    assert labels["torchao-rowwise"] == "torchao FP8 rowwise"
 
 
 def test_committed_results_were_made_by_the_worker_cells_on_the_page():
-    from fp8lab.e2e import worker
-
     for path in sorted(e2e.RESULTS_DIR.glob("*.json")):
         record = json.loads(path.read_text())
-        assert record["worker_sha256"] == worker.source_sha256(), (
+        assert record["worker_sha256"] == run.worker_sha256(record["setting"]), (
             f"{path.name}: made by other code than the page's worker cells; run it again"
         )
 
@@ -142,6 +145,23 @@ def test_runs_start_from_the_same_weights_and_batches(bench):
     assert first[0] == pytest.approx(math.log(bench.vocab_size), rel=0.05)
 
 
+def test_pytorch_bf16_runs_like_te_bf16_from_the_same_weights(bench):
+    """The PyTorch setting starts from the TE model's weights and trains the same function:
+    on the CPU reference the two runs' losses agree step by step."""
+    te_run = bench.run("llama", "bf16", seed=0, steps=3)
+    torch_run = bench.run("llama", "torch-bf16", seed=0, steps=3)
+    assert torch_run["error"] is None and torch_run["label"] == "PyTorch BF16"
+    assert torch_run["train_loss"] == pytest.approx(te_run["train_loss"], rel=1e-4)
+    assert torch_run["worker_sha256"] == run.worker_sha256("torch-bf16")
+    assert torch_run["worker_sha256"] != te_run["worker_sha256"] == worker.source_sha256()
+
+
+def test_torchao_settings_say_they_need_a_gpu(bench):
+    record = bench.run("llama", "torchao-rowwise", seed=0, steps=2)
+    assert record["error"].startswith("could not take a first step")
+    assert "torchao's float8 training needs a CUDA GPU" in record["error"]
+
+
 def _record(setting, seed, losses, steps=(270, 285, 300)):
     return {"setting": setting, "seed": seed, "steps_planned": 300, "error": None,
             "validation": {"step": list(steps), "loss": list(losses)}}
@@ -203,7 +223,8 @@ def test_whole_plan_runs_on_a_gpu_are_stamped_failures_included(monkeypatch, fak
 
     monkeypatch.setattr(lane, "where_it_runs", lambda: dict(fake_machine))
     gpu = SimpleNamespace(on_gpu=True, preset="full")
-    whole = {"steps_requested": 300, "steps_planned": 300, "error": None, "wall_s": 9.0}
+    whole = {"steps_requested": 300, "steps_planned": 300, "error": None, "wall_s": 9.0,
+             "worker_sha256": worker.source_sha256()}
     diverged = dict(whole, error="non-finite loss by step 40: stopped")
     assert stamps.record_status(e2e.Bench._stamp(gpu, whole), "r.json").broken == ()
     assert e2e.Bench._stamp(gpu, diverged) is not None  # a diverged run is a result too
@@ -280,3 +301,64 @@ def test_the_command_line_refuses_smoke_runs_it_was_not_asked_for(tmp_path):
     result = _cli("--group", "accuracy", "--seeds", "0", "--out", str(tmp_path))
     assert result.returncode == 2 and "--preset smoke" in result.stderr
     assert not list(tmp_path.iterdir())
+
+
+def _twins(seed=1234):
+    """The smoke Llama of TE layers (the CPU reference) and its plain-PyTorch copy."""
+    import fp8lab
+    from fp8lab.e2e import settings
+
+    te, _ = fp8lab.import_te()
+    code = worker.load()
+    cfg = settings.model_config("llama", 512, "smoke")
+    torch.manual_seed(seed)
+    te_model = code.Llama(cfg, te, torch.device("cpu"))
+    return code, te_model, code.copy_from_te(code.TorchLlama(cfg, torch.device("cpu")), te_model)
+
+
+def test_the_plain_pytorch_llama_computes_what_the_te_llama_does():
+    """Same weights, same function: logits and every layer's weight gradients agree (FP32)."""
+    code, te_model, torch_model = _twins()
+    tokens = torch.randint(0, 512, (2, 64), generator=torch.Generator().manual_seed(0))
+    targets = tokens.roll(-1, dims=1)
+    with torch.no_grad():
+        te_logits, torch_logits = te_model(tokens), torch_model(tokens)
+    assert ((te_logits - torch_logits).norm() / te_logits.norm()).item() < 1e-5
+    te_model(tokens, targets).backward()
+    torch_model(tokens, targets).backward()
+    theirs = dict(te_model.named_parameters())
+    for mine, te_name in code.TE_NAMES.items():
+        a, b = torch_model.get_parameter(f"layers.0.{mine}").grad, theirs[f"layers.0.{te_name}"].grad
+        assert ((a - b).norm() / b.norm()).item() < 1e-5, mine
+
+
+def test_a_wrong_gate_order_would_be_caught():
+    """The check above can fail: SwiGLU gating the second half (PyTorch's GLU convention)."""
+    code, te_model, torch_model = _twins()
+    with torch.no_grad():
+        fc1 = torch_model.layers[0].fc1.weight
+        fc1.copy_(torch.cat(fc1.chunk(2, dim=0)[::-1]))
+    tokens = torch.randint(0, 512, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        te_logits, torch_logits = te_model(tokens), torch_model(tokens)
+    assert ((te_logits - torch_logits).norm() / te_logits.norm()).item() > 1e-3
+
+
+def test_copy_from_te_refuses_weights_it_would_leave_behind():
+    code, te_model, _ = _twins()
+    te_model.register_parameter("extra", torch.nn.Parameter(torch.zeros(1)))
+    from fp8lab.e2e import settings
+
+    cfg = settings.model_config("llama", 512, "smoke")
+    with pytest.raises(ValueError, match="unmapped TE weights: \\['extra'\\]"):
+        code.copy_from_te(code.TorchLlama(cfg, torch.device("cpu")), te_model)
+
+
+def test_te_runs_hash_only_the_te_cells():
+    te_only = worker.source(tags=worker.TE_CELLS)
+    both = worker.source(tags=worker.TORCH_CELLS)
+    assert "class Llama" in te_only and "TorchLlama" not in te_only
+    assert "TorchLlama" in both and both.startswith(te_only.split("\n\n")[0])
+    assert worker.source_sha256() != worker.source_sha256(tags=worker.TORCH_CELLS)
+    with pytest.raises(TypeError, match="tags"):
+        worker.source(tags="worker")

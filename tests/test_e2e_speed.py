@@ -3,6 +3,7 @@ the code here now; every setting it times on the trained model is graphed or say
 comparisons are per-round ratios; the measurement runs at smoke size."""
 
 import json
+import signal
 import sys
 import types
 
@@ -34,10 +35,14 @@ def test_the_committed_speed_file_comes_from_the_gpu_lane():
                 assert not entry["graphs"] or ran["graphs"] or ran["refused"], (model, name)
 
 
-def test_every_group_holds_the_anchor_and_every_recipe_is_timed_on_both_models():
+def test_every_group_holds_its_baseline_and_every_setting_is_timed_on_both_models():
     for groups in e2e_speed.GROUPS.values():
-        assert all(group[0] == e2e_speed.ANCHOR and len(group) == 2 for group in groups)
-        assert {name for group in groups for name in group} == set(e2e.RECIPES)
+        for first, second in groups:
+            assert first == e2e_speed.baseline_of(second) or (first, second) == (
+                "bf16", "torch-bf16")  # the two BF16 baselines against each other
+        assert {name for group in groups for name in group} == set(e2e.SETTINGS)
+    assert e2e_speed.baseline_of("torchao-rowwise") == "torch-bf16"
+    assert e2e_speed.baseline_of("block") == e2e_speed.ANCHOR == "bf16"
     assert e2e_speed.GRAPHED == {"llama": True, "large": False}
 
 
@@ -121,9 +126,14 @@ def test_the_measurement_runs_on_the_reference(tmp_path, monkeypatch):
     assert [g["settings"] for g in groups] == [list(g) for g in e2e_speed.GROUPS["llama"]]
     assert record["models"]["llama"]["graphs"] is False  # no CUDA graphs off the GPU
     for group in groups:
+        if any(name.startswith("torchao") for name in group["settings"]):
+            assert "needs a CUDA GPU" in group["error"]  # refused on record, not fatal
+            continue
         assert all(ran == {"graphs": None, "refused": None} for ran in group["what_ran"].values())
         assert all(len(times) == 2 and min(times) > 0 for times in group["ms_per_step"].values())
     assert e2e_speed.comparison(record, "llama", "current") is not None
+    assert e2e_speed.comparison(record, "llama", "torch-bf16") is not None  # against TE BF16
+    assert e2e_speed.comparison(record, "llama", "torchao-rowwise", "torch-bf16") is None
     assert e2e_speed.stamp(record, 1.0) is None
     with pytest.raises(ValueError, match="rounds"):
         e2e_speed.measure(bench, ("llama",), rounds=1)
@@ -155,3 +165,48 @@ def test_the_command_line_refuses_bad_flags_without_a_traceback(argv):
     )
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and "error:" in result.stderr
+
+
+class _ChildBench:
+    preset, device, on_gpu = "smoke", torch.device("cpu"), False
+
+    class tokenizer:  # noqa: N801 -- stands in for a tokenizers.Tokenizer
+        @staticmethod
+        def save(path):
+            open(path, "w").close()
+
+
+def test_a_group_whose_process_dies_is_timed_again_without_graphs(monkeypatch):
+    jobs, timed = [], {"settings": ["bf16", "torch-bf16"], "ms_per_step": {},
+                       "host_ms_per_step": {}, "what_ran": {"bf16": {"graphs": None,
+                                                                     "refused": None}}}
+    answers = iter([(-int(signal.SIGSEGV), None), (0, timed)])
+
+    def run_child(job):
+        jobs.append(job)
+        return next(answers)
+
+    monkeypatch.setattr(e2e_speed, "run_child", run_child)
+    found = e2e_speed.time_group_in_child(_ChildBench(), "llama", ("bf16", "torch-bf16"), 2, 1, 0)
+    assert [job["graphs"] for job in jobs] == [True, False]
+    assert "SIGSEGV" in found["what_ran"]["bf16"]["refused"]
+
+
+def test_a_group_whose_process_dies_twice_is_an_error_on_record(monkeypatch):
+    monkeypatch.setattr(e2e_speed, "run_child", lambda job: (-int(signal.SIGSEGV), None))
+    with pytest.raises(RuntimeError, match="SIGSEGV.*and then"):
+        e2e_speed.time_group_in_child(_ChildBench(), "llama", ("bf16", "torch-bf16"), 2, 1, 0)
+    with pytest.raises(RuntimeError, match="exit status 3"):  # no graphs to turn off
+        monkeypatch.setattr(e2e_speed, "run_child", lambda job: (3, None))
+        e2e_speed.time_group_in_child(_ChildBench(), "large", ("bf16", "torch-bf16"), 2, 1, 0)
+
+
+def test_a_group_runs_in_a_process_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("FP8LAB_CACHE", str(tmp_path))
+    bench = e2e.Bench("smoke", device="cpu", log=None)
+    record = e2e_speed.measure(bench, ("llama",), rounds=2, steps=1, warmup=0,
+                               log=lambda _: None, isolate=True)
+    groups = {tuple(g["settings"]): g for g in record["models"]["llama"]["groups"]}
+    mixed = groups[("bf16", "torch-bf16")]  # run in a child: TE BF16 beside PyTorch BF16
+    assert "error" not in mixed and all(len(t) == 2 for t in mixed["ms_per_step"].values())
+    assert "needs a CUDA GPU" in groups[("torch-bf16", "torchao-rowwise")]["error"]

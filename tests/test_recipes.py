@@ -35,6 +35,8 @@ def test_chapter_09s_settings_build_tes_recipes():
     """Chapter 09's worker cells build every setting's recipe as TE ships it."""
     make = worker.load().make_recipe
     for name, setting in SETTINGS.items():
+        if setting.family != "te":  # torchao's recipes live in its converted model
+            continue
         made = make(reference_recipe, setting.recipe)
         assert (made is None) == (name == "bf16")
         if made is not None:

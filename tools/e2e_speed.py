@@ -12,6 +12,7 @@ the CPU lane checks the stamp (``tests/test_e2e_speed.py``).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds {args.rounds}: a ratio's spread needs at least 2 rounds")
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps {args.steps}: must be a positive number of steps")
+    faulthandler.enable()  # a crash inside a compiled or captured step still names its frame
     begin = time.perf_counter()
     bench = e2e.Bench(args.preset, log=None)
     log = lambda line: print(line, flush=True)  # noqa: E731

@@ -48,6 +48,8 @@ from fp8lab.e2e.settings import (  # noqa: F401
     SETTINGS,
     SMOKE_SEEDS,
     SPLIT_BY,
+    TORCH_SETTINGS,
+    TORCHAO_RECIPES,
     CorpusSpec,
     Plan,
     Setting,

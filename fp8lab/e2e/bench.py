@@ -98,11 +98,21 @@ class Bench:
         """``(model, optimizer, fp8_recipe)`` from the worker cells: the same initial weights in
         every setting (``torch.manual_seed(plan.init_seed)`` before the model is made)."""
         checks.choice("setting", setting, SETTINGS)
-        plan, code = self.plan(model), self.worker
+        chosen, plan, code = SETTINGS[setting], self.plan(model), self.worker
         torch.manual_seed(plan.init_seed)
         built = code.Llama(self.config(model), self.te, device=self.device)
+        if chosen.family == "torch":  # the same weights, in plain PyTorch
+            te_model = built
+            built = code.copy_from_te(code.TorchLlama(self.config(model), self.device), te_model)
+            del te_model
+            if chosen.fp8:
+                if self.device.type != "cuda":
+                    raise ValueError(f"setting={setting!r}: torchao's float8 training needs a "
+                                     "CUDA GPU (its FP8 matrix products run there only)")
+                built = code.to_float8(built, chosen.recipe)
+            return built, code.make_optimizer(built, plan), None
         optimizer = code.make_optimizer(built, plan)
-        return built, optimizer, code.make_recipe(self.recipe, SETTINGS[setting].recipe)
+        return built, optimizer, code.make_recipe(self.recipe, chosen.recipe)
 
     def release(self) -> None:
         """Free the last run's memory and TE's global FP8 state, so runs do not see each other."""

@@ -66,12 +66,16 @@ def gradient_gap(grads: torch.Tensor, reference: torch.Tensor) -> dict:
     return {"relative error": error, "zeroed": zeroed}
 
 
-def accuracy(runs, margin: float, baseline: str = ANCHOR) -> dict:
-    """Per FP8 setting: its final validation loss minus ``baseline``'s, paired by seed and
-    judged by the protocol against ``margin`` (nats): a :class:`fp8lab.protocol.Paired` with
-    five seeds or more, else the row of :func:`fp8lab.protocol.paired_summary`."""
+def accuracy(runs, margin: float, baseline: str = ANCHOR, settings=RECIPES) -> dict:
+    """Per FP8 setting of ``settings``: its final validation loss minus ``baseline``'s, paired
+    by seed and judged by the protocol against ``margin`` (nats): a
+    :class:`fp8lab.protocol.Paired` with five seeds or more, else the row of
+    :func:`fp8lab.protocol.paired_summary`. torchao's: ``baseline="torch-bf16"``,
+    ``settings=TORCH_SETTINGS``."""
+    checks.choice("baseline", baseline, SETTINGS)
     found = {}
-    for name in RECIPES:
+    for name in settings:
+        checks.choice("settings", name, SETTINGS)
         if name == baseline:
             continue
         mine, base = stats.by_seed(runs, name), stats.by_seed(runs, baseline)
@@ -85,17 +89,19 @@ def accuracy(runs, margin: float, baseline: str = ANCHOR) -> dict:
     return found
 
 
-def accuracy_table(found: dict, runs) -> pd.DataFrame:
-    """:func:`accuracy` as a table, with the BF16 steps that reach each setting's mean loss."""
+def accuracy_table(found: dict, runs, baseline: str = ANCHOR) -> pd.DataFrame:
+    """:func:`accuracy` as a table, with the steps at which ``baseline`` reached each setting's
+    mean loss (a share of its run)."""
+    checks.choice("baseline", baseline, SETTINGS)
     rows = {}
-    last = next((r["steps_planned"] for r in runs if r["setting"] == ANCHOR), None)
+    last = next((r["steps_planned"] for r in runs if r["setting"] == baseline), None)
     for name, result in found.items():
         row = (result if isinstance(result, dict) else
                {"seeds": len(result.seeds), "mean": result.mean, "low": result.low,
                 "high": result.high, "verdict": result.verdict,
                 "detectable": result.detectable})
         losses = stats.by_seed(runs, name)
-        reached = stats.bf16_steps_to(runs, float(np.mean(list(losses.values()))))
+        reached = stats.bf16_steps_to(runs, float(np.mean(list(losses.values()))), baseline)
         rows[SETTINGS[name].label] = {
             "pairs": row["seeds"], "mean Δ": row["mean"], "95% low": row["low"],
             "95% high": row["high"], "detects": row.get("detectable", np.nan),

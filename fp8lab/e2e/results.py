@@ -84,7 +84,6 @@ def run_stamp(record: dict, on_gpu: bool, preset: str) -> dict | None:
     if not (on_gpu and preset == "full" and whole_plan):
         return None
     from fp8lab import stamp
-    from fp8lab.e2e.worker import source_sha256
 
     return stamp.stamp_record(result_modules(), run_seconds=record["wall_s"],
-                              worker_sha256=source_sha256())
+                              worker_sha256=record["worker_sha256"])  # the cells it ran

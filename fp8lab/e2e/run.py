@@ -25,8 +25,8 @@ from fp8lab.e2e.evaluation import evaluate
 from fp8lab.e2e.results import finite, write_record
 from fp8lab.e2e.settings import (
     COMMAND_SEEDS,
+    GROUPS,
     MODELS,
-    RECIPES,
     SCHEMA,
     SETTINGS,
     SPLIT_BY,
@@ -80,10 +80,18 @@ def _header(bench, model: str, setting: str, seed: int, steps: int) -> dict:
             "train_tokens": int(bench.train_tokens.size),
             "validation_tokens": int(bench.validation_tokens.size),
         },
-        "worker_sha256": worker.source_sha256(),
+        "worker_sha256": worker_sha256(setting),
         "device": torch.cuda.get_device_name() if bench.device.type == "cuda" else "cpu",
         "error": None,
     }
+
+
+def worker_sha256(setting: str) -> str:
+    """The hash of the worker cells a run of ``setting`` executes: TE's settings the ``worker``
+    cells, the PyTorch settings those and the ``worker-torch`` cells."""
+    checks.choice("setting", setting, SETTINGS)
+    torch_family = SETTINGS[setting].family == "torch"
+    return worker.source_sha256(tags=worker.TORCH_CELLS if torch_family else worker.TE_CELLS)
 
 
 def run(bench, model: str, setting: str, seed: int = 0, steps: int | None = None) -> dict:
@@ -171,8 +179,9 @@ def _train(bench, model_name: str, setting: str, seed: int, steps: int) -> dict:
 def commands() -> list[str]:
     """The commands that make every result file of the plan, one GPU command each."""
     return [
-        "python -m tools.train_e2e --group accuracy --seeds "
+        f"python -m tools.train_e2e --group {group} --seeds "
         f"{','.join(map(str, seeds))} --out DIR"
+        for group in GROUPS
         for seeds in COMMAND_SEEDS
     ]
 
@@ -190,7 +199,7 @@ def describe_plan(bench) -> str:
             f"{step / 1e12:.2f} TFLOP per step ({step / 400e12 * 1e3:.0f} ms at 400 TFLOP/s)"
         )
     lines.append(f"corpus: {json.dumps(bench.corpus.describe())}, split by {SPLIT_BY}")
-    lines.append(f"settings: {', '.join(RECIPES)}")
+    lines.append(f"settings: {', '.join(SETTINGS)}")
     lines += ["commands:", *(f"  {c}" for c in commands()),
               "  python -m tools.e2e_speed --out FILE"]
     return "\n".join(lines)

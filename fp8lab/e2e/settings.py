@@ -116,24 +116,39 @@ PLANS = {
 
 @dataclass(frozen=True)
 class Setting:
-    """One way to train: ``recipe`` is a name of :mod:`fp8lab.recipes` (``"bf16"``: none)."""
+    """One way to train. ``family`` ``"te"``: the Llama of ``te.TransformerLayer`` and
+    ``recipe`` a name of :mod:`fp8lab.recipes` (``"bf16"``: none); ``"torch"``: the same Llama
+    in plain PyTorch with the TE model's initial weights, ``recipe`` ``"bf16"`` or one of
+    torchao's float8 recipes (:data:`TORCHAO_RECIPES`)."""
 
     name: str
     recipe: str
+    family: str = "te"
 
     @property
     def label(self) -> str:
-        return f"TE {label(self.recipe)}"
+        if self.family == "te":
+            return f"TE {label(self.recipe)}"
+        return "PyTorch BF16" if self.recipe == "bf16" else f"torchao FP8 {self.recipe}"
 
     @property
     def fp8(self) -> bool:
         return self.recipe != "bf16"
 
 
+TORCHAO_RECIPES = ("tensorwise", "rowwise")
+TORCH_SETTINGS = ("torch-bf16", *(f"torchao-{name}" for name in TORCHAO_RECIPES))
 SETTINGS = {name: Setting(name, name) for name in RECIPES}
+SETTINGS["torch-bf16"] = Setting("torch-bf16", "bf16", "torch")
+SETTINGS.update({f"torchao-{name}": Setting(f"torchao-{name}", name, "torch")
+                 for name in TORCHAO_RECIPES})
 # One command per group of seeds: each fits one GPU command of under 9 minutes on an H100.
 COMMAND_SEEDS = ((0, 1), (2, 3), (4,))
-GROUPS = {"accuracy": tuple(f"{name}:{seed}" for seed in SEEDS for name in RECIPES)}
+GROUPS = {
+    "accuracy": tuple(f"{name}:{seed}" for seed in SEEDS for name in RECIPES),
+    # torchao against its own BF16: the same Llama in plain PyTorch, paired by seed
+    "torchao": tuple(f"{name}:{seed}" for seed in SEEDS for name in TORCH_SETTINGS),
+}
 
 
 def parse_runs(runs: str) -> list[tuple[str, int]]:

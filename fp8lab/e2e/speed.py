@@ -7,20 +7,34 @@ every other round. The trained model (``llama``) is timed with its step captured
 graphs (the worker's ``capture``), so that the host does not set its time; a capture that fails
 is recorded with its reason and the setting is timed without graphs, marked so. The larger
 shape (``large``, five layers of Llama 3 8B at S = 8192) is timed for speed only; its step is
-long enough for the GPU to set the time. Both time their settings in pairs with TE BF16, to
-fit one 80 GB GPU (a captured graph keeps its activations in its own memory pool).
+long enough for the GPU to set the time. Both time their settings in pairs, to fit one 80 GB
+GPU (a captured graph keeps its activations in its own memory pool).
 
-Each group holds TE BF16, the anchor every ratio is taken against (:func:`comparison`). The
-file is stamped like the long runs.
+The PyTorch settings (the same Llama in plain PyTorch; torchao's float8 on it) are compiled
+with ``torch.compile``, as torchao intends: with ``mode="reduce-overhead"`` (CUDA graphs)
+where TE's side is captured, the default mode where it is not. Each group holds its family's
+BF16, the baseline its ratio is taken against (:func:`comparison`): TE BF16 for TE's recipes,
+PyTorch BF16 for torchao's; one group sets PyTorch BF16 against TE BF16, the question of
+which BF16 baseline is the strong one. The file is stamped like the long runs.
+
+On a GPU each group with a PyTorch setting runs in a process of its own
+(:func:`time_group_in_child`): the first try of the compiled group on this stack ended the
+whole process with a segmentation fault, after the TE groups and before any PyTorch step was
+timed. A group whose process dies that way is timed again, every side without CUDA graphs
+(``torch.compile``'s default mode, TE uncaptured), and the record says why.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
@@ -31,10 +45,13 @@ from fp8lab.e2e.settings import MODELS, SETTINGS
 
 RESULTS_FILE = ROOT / "tests" / "gpu_results" / "e2e_speed.json"
 ANCHOR = "bf16"
+TORCH_GROUPS = (("bf16", "torch-bf16"), ("torch-bf16", "torchao-tensorwise"),
+                ("torch-bf16", "torchao-rowwise"))
 GROUPS = {
-    "llama": (("bf16", "delayed"), ("bf16", "current"), ("bf16", "block")),
-    "large": (("bf16", "current"), ("bf16", "delayed"), ("bf16", "block")),
+    "llama": (("bf16", "delayed"), ("bf16", "current"), ("bf16", "block"), *TORCH_GROUPS),
+    "large": (("bf16", "current"), ("bf16", "delayed"), ("bf16", "block"), *TORCH_GROUPS),
 }
+BASELINES = {"te": "bf16", "torch": "torch-bf16"}  # each family's BF16
 GRAPHED = {"llama": True, "large": False}
 ROUNDS = {"llama": (7, 10), "large": (5, 5)}  # (rounds, steps per round)
 SCHEMA = 3
@@ -76,7 +93,13 @@ def build_step(bench, model: str, name: str, graphs: bool):
     built, optimizer, fp8_recipe = bench.build(model, name)
     batches = iter(bench.loader(model))
     what = {"graphs": None, "refused": None}
-    if graphs and bench.on_gpu:
+    if SETTINGS[name].family == "torch":
+        if bench.on_gpu:  # compiled as torchao intends; CUDA graphs where TE's side has them
+            mode = "reduce-overhead" if graphs else "default"
+            built = torch.compile(built, mode=mode)
+            what["compiled"] = f"torch.compile(mode={mode!r})"
+            what["graphs"] = what["compiled"] if graphs else None
+    elif graphs and bench.on_gpu:
         with class_call_kept(type(built)):
             try:
                 built = code.capture(built, next(batches), bench.te, fp8_recipe)
@@ -111,12 +134,15 @@ def _first_steps(bench, model: str, name: str, graphs: bool, warmup: int):
     return step, {**what, "refused": refused}
 
 
-def time_group(bench, model: str, settings, rounds: int, steps: int, warmup: int) -> dict:
+def time_group(bench, model: str, settings, rounds: int, steps: int, warmup: int,
+               graphs: bool | None = None) -> dict:
     """Build ``settings`` of ``model`` side by side, warm each up, then time them in rounds;
-    ``{"settings", "ms_per_step", "host_ms_per_step", "what_ran"}`` per round and setting."""
+    ``{"settings", "ms_per_step", "host_ms_per_step", "what_ran"}`` per round and setting.
+    ``graphs`` (default: :data:`GRAPHED` of ``model``) asks for CUDA graphs."""
+    graphs = GRAPHED[model] if graphs is None else graphs
     step_of, what_ran = {}, {}
     for name in settings:
-        step_of[name], what_ran[name] = _first_steps(bench, model, name, GRAPHED[model], warmup)
+        step_of[name], what_ran[name] = _first_steps(bench, model, name, graphs, warmup)
     if len({bool(w["graphs"]) for w in what_ran.values()}) > 1:  # one side refused graphs:
         refused = {n: w["refused"] for n, w in what_ran.items()}  # time every side without
         del step_of
@@ -137,9 +163,86 @@ def time_group(bench, model: str, settings, rounds: int, steps: int, warmup: int
     }
 
 
-def measure(bench, models=MODELS, rounds=None, steps=None, warmup: int = 5, log=print) -> dict:
+CHILD_TIMEOUT_S = 600.0
+
+
+def run_child(job: dict) -> tuple[int, dict | None]:
+    """Run :func:`child_main` on ``job`` in a fresh Python process: ``(exit status, its
+    group's record or None)``; a negative status is the signal that ended it."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "group.json"
+        job = {**job, "out": str(out)}
+        code = "from fp8lab.e2e import speed; speed.child_main()"
+        try:
+            done = subprocess.run([sys.executable, "-c", code, json.dumps(job)],
+                                  timeout=CHILD_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            return -int(signal.SIGKILL), None
+        found = json.loads(out.read_text()) if done.returncode == 0 and out.exists() else None
+        return done.returncode, found
+
+
+def child_main(argv: list[str] | None = None) -> None:
+    """The child's side of :func:`run_child`: one group timed, its record written."""
+    from tokenizers import Tokenizer
+
+    from fp8lab.e2e.bench import Bench
+
+    job = json.loads((sys.argv[1:] if argv is None else argv)[0])
+    bench = Bench(job["preset"], device=job.get("device"), log=None,
+                  tokenizer=Tokenizer.from_file(job["tokenizer"]))
+    try:
+        timed = time_group(bench, job["model"], tuple(job["group"]), job["rounds"],
+                           job["steps"], job["warmup"], graphs=job["graphs"])
+    except Exception as error:  # an error the group can be recorded with, not a death
+        timed = {"error": one_line(error)}
+    Path(job["out"]).write_text(json.dumps(timed))
+
+
+def _died(status: int) -> str:
+    try:
+        return f"the process died with {signal.Signals(-status).name}"
+    except ValueError:
+        return f"the process ended with exit status {status}"
+
+
+def time_group_in_child(bench, model: str, settings, rounds: int, steps: int,
+                        warmup: int) -> dict:
+    """:func:`time_group` in a process of its own. If that process dies with CUDA graphs on,
+    the group is timed again in a fresh one without them, every side, and each setting's
+    ``refused`` says what happened; a second death, or an exception in the child, raises
+    ``RuntimeError``."""
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer = Path(folder) / "tokenizer.json"
+        bench.tokenizer.save(str(tokenizer))
+        job = {"preset": bench.preset, "device": str(bench.device), "model": model,
+               "group": list(settings), "rounds": rounds, "steps": steps, "warmup": warmup,
+               "tokenizer": str(tokenizer), "graphs": GRAPHED[model]}
+        status, timed = run_child(job)
+        if timed is not None and "error" in timed:
+            raise RuntimeError(timed["error"])
+        if timed is not None:
+            return timed
+        if not GRAPHED[model]:
+            raise RuntimeError(f"{', '.join(settings)}: {_died(status)}")
+        first = f"with CUDA graphs {_died(status)}; timed without them"
+        status, timed = run_child({**job, "graphs": False})
+        if timed is not None and "error" in timed:
+            raise RuntimeError(f"{first}: {timed['error']}")
+        if timed is None:
+            raise RuntimeError(f"{', '.join(settings)}: {first}, and then {_died(status)}")
+    for ran in timed["what_ran"].values():
+        ran["refused"] = first
+    return timed
+
+
+def measure(bench, models=MODELS, rounds=None, steps=None, warmup: int = 5, log=print,
+            isolate: bool | None = None) -> dict:
     """Every group of every model in ``models`` (rounds and steps per round: :data:`ROUNDS`
-    unless given); a group that cannot run here is recorded with its error."""
+    unless given); a group that cannot run here is recorded with its error. With ``isolate``
+    (default: on a GPU) each group holding a PyTorch setting runs in its own process
+    (:func:`time_group_in_child`)."""
+    isolate = bench.on_gpu if isolate is None else isolate
     rounds = None if rounds is None else checks.integer("rounds", rounds, minimum=2)
     steps = None if steps is None else checks.integer("steps", steps)
     warmup = checks.integer("warmup", warmup, minimum=0)
@@ -151,8 +254,10 @@ def measure(bench, models=MODELS, rounds=None, steps=None, warmup: int = 5, log=
         groups = []
         for group in GROUPS[model]:
             begin = time.perf_counter()
+            timer = time_group_in_child if isolate and any(
+                SETTINGS[name].family == "torch" for name in group) else time_group
             try:
-                timed = time_group(bench, model, group, model_rounds, model_steps, warmup)
+                timed = timer(bench, model, group, model_rounds, model_steps, warmup)
             except Exception as error:  # on record, not fatal
                 timed = {"settings": list(group), "ms_per_step": {}, "host_ms_per_step": {},
                          "what_ran": {}, "error": one_line(error)}
@@ -171,10 +276,17 @@ def measure(bench, models=MODELS, rounds=None, steps=None, warmup: int = 5, log=
     return record
 
 
+def baseline_of(setting: str) -> str:
+    """The BF16 setting of ``setting``'s family, the one its speed is judged against."""
+    checks.choice("setting", setting, SETTINGS)
+    return BASELINES[SETTINGS[setting].family]
+
+
 def comparison(record: dict, model: str, setting: str, baseline: str = ANCHOR):
     """``setting`` against ``baseline`` (a :class:`fp8lab.protocol.Comparison`, above 1:
     ``setting`` is faster) from the first group of ``model`` that timed both, or None (also
-    where ``model`` was not measured)."""
+    where ``model`` was not measured). torchao's settings are read against
+    ``baseline_of(setting)``, PyTorch BF16."""
     for group in record.get("models", {}).get(model, {}).get("groups", []):
         times = group["ms_per_step"]
         if setting in times and baseline in times:
@@ -187,12 +299,12 @@ def comparison(record: dict, model: str, setting: str, baseline: str = ANCHOR):
 def stamp(record: dict, seconds: float) -> dict | None:
     """The stamp of a full-preset measurement on a GPU with TE; None elsewhere."""
     from fp8lab import stamp as lane
-    from fp8lab.e2e.worker import source_sha256
+    from fp8lab.e2e.worker import TORCH_CELLS, source_sha256
 
     if not (record["preset"] == "full" and torch.cuda.is_available()):
         return None
     return lane.stamp_record(result_modules("tools.e2e_speed"), run_seconds=round(seconds, 1),
-                             worker_sha256=source_sha256())
+                             worker_sha256=source_sha256(tags=TORCH_CELLS))  # both kinds
 
 
 def measure_and_write(bench, models, out, rounds=None, steps=None, log=print) -> dict:
@@ -212,11 +324,13 @@ def measure_and_write(bench, models, out, rounds=None, steps=None, log=print) ->
 
 
 def summary(record: dict, models) -> list[str]:
-    """One line per measured setting: its verdict against TE BF16."""
+    """One line per measured setting: its verdict against its family's BF16 (PyTorch BF16's
+    against TE BF16)."""
     lines = []
     for model in models:
         for name in SETTINGS:
-            found = comparison(record, model, name) if name != ANCHOR else None
+            base = ANCHOR if name == "torch-bf16" else baseline_of(name)
+            found = comparison(record, model, name, base) if name != base else None
             if found is not None:
-                lines.append(f"{model} {name} vs {ANCHOR}: {found.phrase()}")
+                lines.append(f"{model} {name} vs {base}: {found.phrase()}")
     return lines
