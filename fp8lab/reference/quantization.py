@@ -12,7 +12,8 @@ delayed-scaling update) and the cast kernels of ``transformer_engine/common`` (`
   FP32's max); current scaling uses the tensor's own amax (a zero amax gives scale 1);
 * delayed scaling: each module keeps ``amax_history`` of shape ``[amax_history_len, 3]``
   (input, weight, output) for the forward and ``[len, 2]`` (grad output, grad input) for the
-  backward; a cast writes its amax into row 0; the forward histories are updated when the
+  backward; a cast takes the max of its amax and row 0 (several casts between two updates
+  keep the largest); the forward histories are updated when the
   outermost ``autocast`` exits, the backward ones after the backward of the first module
   that ran in it: amax = max over the history (or row 0), then the history rolls by one and
   row 0 is zeroed; before the update, the newest amaxes are all-reduced (MAX) over the
@@ -455,7 +456,11 @@ def quantize_operand(
             if STATE.checkpoint_phase == "forward" and not backward:
                 scaling.stash.append(scaling.scale.clone())
             if STATE.checkpoint_phase != "recompute" and not columnwise:
-                scaling.amax_history[0, slot] = amax_of(x2d) if amax is None else amax
+                # TE's cast kernels take an atomic max into row 0, which only the update
+                # zeroes: casts between two updates keep the largest amax of them all
+                found = amax_of(x2d) if amax is None else amax
+                row = scaling.amax_history[0]
+                row[slot] = torch.maximum(row[slot], torch.as_tensor(found, dtype=row.dtype))
         return quantize_per_tensor(x2d, scale, dtype).dequantize()
     if isinstance(recipe, recipes.Float8CurrentScaling):
         scale = scale_from_amax(
