@@ -249,6 +249,57 @@ def chapter08_rows(path: Path):
     return table.reset_index(drop=True)
 
 
+# tools.layout_peaks: each layout's own peak per GPU on several GPUs, its estimator layout and
+# the micro-batch the estimator takes (a TP group shares tp times the per-GPU batch of DDP).
+def _layout_of(name: str, gpus: int, batch: int) -> tuple[Layout, int]:
+    if name == "DDP":
+        return Layout(dp=gpus), batch
+    if name == "FSDP2":
+        return Layout(dp=gpus, zero_stage=3), batch
+    if name == "TP+SP":
+        return Layout(tp=gpus, sequence_parallel=True), gpus * batch
+    if name == "TP2 x DP2 (SP)":
+        return Layout(tp=2, sequence_parallel=True, dp=gpus // 2), 2 * batch
+    raise ValueError(f"layout={name!r}: not one tools.layout_peaks measures")
+
+
+def layout_rows(path: Path):
+    """The measured peaks of a ``tools.layout_peaks`` file beside the estimator's, with the
+    error (predicted over measured, minus one); an empty table if the file is absent."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.exists():
+        return pd.DataFrame()
+    measured = pd.read_csv(path)
+    rows = []
+    for row in measured.to_dict("records"):
+        cfg = preset_config(CH08_MODEL["preset"]).replace(
+            num_layers=int(row["layers"]), name=f"te-tutorial x {int(row['layers'])}"
+        )
+        layout, batch = _layout_of(row["layout"], int(row["gpus"]), int(row["batch"]))
+        est = estimate(
+            cfg,
+            batch,
+            int(row["seq"]),
+            precision=CH08_PRECISIONS[row["precision"]],
+            layout=layout,
+            hidden_dropout=0.0,
+        )
+        rows.append(
+            {
+                "layout": row["layout"],
+                "GPUs": int(row["gpus"]),
+                "precision": row["precision"],
+                "measured_MiB": row["peak_MiB"],
+                "predicted_MiB": est.peak_mib,
+            }
+        )
+    table = pd.DataFrame(rows)
+    table["error"] = table["predicted_MiB"] / table["measured_MiB"] - 1
+    return table
+
+
 def fits_check(frame, models: dict[str, TransformerConfig], gpu: str = "H200"):
     """The "fits?" runs (largest micro-batch that ran, of those tried) beside the calculator's
     answer for ``gpu`` under its own policy (:func:`fp8lab.memory.fits`: 90% of the memory,
