@@ -166,9 +166,10 @@ def time_group(bench, model: str, settings, rounds: int, steps: int, warmup: int
 CHILD_TIMEOUT_S = 600.0
 
 
-def run_child(job: dict) -> tuple[int, dict | None]:
+def run_child(job: dict) -> tuple[int | None, dict | None]:
     """Run :func:`child_main` on ``job`` in a fresh Python process: ``(exit status, its
-    group's record or None)``; a negative status is the signal that ended it."""
+    group's record or None)``; a negative status is the signal that ended it, None a process
+    stopped at :data:`CHILD_TIMEOUT_S`."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "group.json"
         job = {**job, "out": str(out)}
@@ -177,7 +178,7 @@ def run_child(job: dict) -> tuple[int, dict | None]:
             done = subprocess.run([sys.executable, "-c", code, json.dumps(job)],
                                   timeout=CHILD_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
-            return -int(signal.SIGKILL), None
+            return None, None
         found = json.loads(out.read_text()) if done.returncode == 0 and out.exists() else None
         return done.returncode, found
 
@@ -199,7 +200,9 @@ def child_main(argv: list[str] | None = None) -> None:
     Path(job["out"]).write_text(json.dumps(timed))
 
 
-def _died(status: int) -> str:
+def _died(status: int | None) -> str:
+    if status is None:
+        return f"the process ran past {CHILD_TIMEOUT_S:g} s and was stopped"
     try:
         return f"the process died with {signal.Signals(-status).name}"
     except ValueError:
