@@ -210,3 +210,37 @@ def test_a_group_runs_in_a_process_of_its_own(tmp_path, monkeypatch):
     mixed = groups[("bf16", "torch-bf16")]  # run in a child: TE BF16 beside PyTorch BF16
     assert "error" not in mixed and all(len(t) == 2 for t in mixed["ms_per_step"].values())
     assert "needs a CUDA GPU" in groups[("torch-bf16", "torchao-rowwise")]["error"]
+
+
+def test_parts_measured_side_by_side_merge_into_one_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("FP8LAB_CACHE", str(tmp_path))
+    bench = e2e.Bench("smoke", device="cpu", log=None)
+
+    def fake_group(bench, model, settings, rounds, steps, warmup, graphs=None):
+        times = {n: [float(len(n))] * rounds for n in settings}
+        return {"settings": list(settings), "ms_per_step": times, "host_ms_per_step": times,
+                "what_ran": {n: {"graphs": None, "refused": None} for n in settings}}
+
+    monkeypatch.setattr(e2e_speed, "time_group", fake_group)
+    quiet = lambda _: None  # noqa: E731
+    paths = []
+    for name, only in (("a", [0, 3]), ("b", [1, 2, 4, 5])):
+        paths.append(tmp_path / f"{name}.json")
+        part = e2e_speed.measure_and_write(bench, ("llama",), paths[-1], rounds=2, steps=1,
+                                           log=quiet, only=only)
+        assert part["stamp"] is None and part["models"]["llama"]["group_indices"] == only
+    parts = [json.loads(p.read_text()) for p in paths]
+    merged = e2e_speed.merge(parts)
+    groups = merged["models"]["llama"]["groups"]
+    assert [g["settings"] for g in groups] == [list(g) for g in e2e_speed.GROUPS["llama"]]
+    assert "group_indices" not in merged["models"]["llama"]
+    assert [p["models"] for p in merged["parts"]] == [{"llama": [0, 3]}, {"llama": [1, 2, 4, 5]}]
+    assert e2e_speed.comparison(merged, "llama", "torchao-rowwise", "torch-bf16") is not None
+    with pytest.raises(ValueError, match="measured twice"):
+        e2e_speed.merge([parts[0], parts[0], parts[1]])
+    with pytest.raises(ValueError, match=r"lacks group\(s\) \[1, 2, 4, 5\]"):
+        e2e_speed.merge([parts[0]])
+    with pytest.raises(ValueError, match="preset differs"):
+        e2e_speed.merge([parts[0], {**parts[1], "preset": "full"}])
+    with pytest.raises(ValueError, match="groups 0 to 5"):
+        e2e_speed.chosen_groups("llama", [6])

@@ -1,6 +1,6 @@
 """Each parallel layout's own peak memory per GPU, to test chapter 07's estimator beyond one GPU.
 
-    python -m tools.layout_peaks --gpus 4 --csv tests/gpu_results/memory_layouts_h200_4gpu.csv
+    python -m tools.layout_peaks --gpus 4 --csv tests/gpu_results/memory_layouts_h100_4gpu.csv
     python -m tools.layout_peaks --gpus 2 --preset smoke      # CPU processes, toy sizes
 
 Chapter 08's workers keep the global batch on every rank for their checks against one GPU, so

@@ -239,12 +239,26 @@ def time_group_in_child(bench, model: str, settings, rounds: int, steps: int,
     return timed
 
 
+def chosen_groups(model: str, only=None) -> list[int]:
+    """The indices into ``GROUPS[model]`` that ``only`` names (every group when None), in
+    order; ``ValueError`` for an index the model does not have."""
+    checks.choice("model", model, MODELS)
+    if only is None:
+        return list(range(len(GROUPS[model])))
+    chosen = sorted({checks.integer("only", i, minimum=0) for i in only})
+    if not chosen or chosen[-1] >= len(GROUPS[model]):
+        raise ValueError(f"only={sorted(only)}: {model} has groups 0 to "
+                         f"{len(GROUPS[model]) - 1}")
+    return chosen
+
+
 def measure(bench, models=MODELS, rounds=None, steps=None, warmup: int = 5, log=print,
-            isolate: bool | None = None) -> dict:
+            isolate: bool | None = None, only=None) -> dict:
     """Every group of every model in ``models`` (rounds and steps per round: :data:`ROUNDS`
-    unless given); a group that cannot run here is recorded with its error. With ``isolate``
-    (default: on a GPU) each group holding a PyTorch setting runs in its own process
-    (:func:`time_group_in_child`)."""
+    unless given), or only the groups ``only`` names (indices into :data:`GROUPS`, for a
+    measurement split over GPUs and joined by :func:`merge`); a group that cannot run here is
+    recorded with its error. With ``isolate`` (default: on a GPU) each group holding a PyTorch
+    setting runs in its own process (:func:`time_group_in_child`)."""
     isolate = bench.on_gpu if isolate is None else isolate
     rounds = None if rounds is None else checks.integer("rounds", rounds, minimum=2)
     steps = None if steps is None else checks.integer("steps", steps)
@@ -252,10 +266,11 @@ def measure(bench, models=MODELS, rounds=None, steps=None, warmup: int = 5, log=
     record = {"schema": SCHEMA, "preset": bench.preset, "warmup": warmup, "models": {}}
     for model in models:
         checks.choice("model", model, MODELS)
+        indices = chosen_groups(model, only)
         plan, cfg = bench.plan(model), bench.config(model)
         model_rounds, model_steps = rounds or ROUNDS[model][0], steps or ROUNDS[model][1]
         groups = []
-        for group in GROUPS[model]:
+        for group in (GROUPS[model][i] for i in indices):
             begin = time.perf_counter()
             timer = time_group_in_child if isolate and any(
                 SETTINGS[name].family == "torch" for name in group) else time_group
@@ -310,19 +325,65 @@ def stamp(record: dict, seconds: float) -> dict | None:
                              worker_sha256=source_sha256(tags=TORCH_CELLS))  # both kinds
 
 
-def measure_and_write(bench, models, out, rounds=None, steps=None, log=print) -> dict:
-    """:func:`measure`, written to ``out`` (JSON) after each model, stamped once all are."""
+def measure_and_write(bench, models, out, rounds=None, steps=None, log=print,
+                      only=None) -> dict:
+    """:func:`measure`, written to ``out`` (JSON) after each model, stamped once all are. A
+    part (``only`` given) is not stamped: :func:`merge` stamps the whole."""
     begin, record = time.perf_counter(), None
     out.parent.mkdir(parents=True, exist_ok=True)
     for model in models:  # written after each model: a run cut short keeps what it measured
-        part = measure(bench, (model,), rounds=rounds, steps=steps, log=log)
+        part = measure(bench, (model,), rounds=rounds, steps=steps, log=log, only=only)
+        if only is not None:
+            part["models"][model]["group_indices"] = chosen_groups(model, only)
         record = part if record is None else {**record,
                                               "models": {**record["models"], **part["models"]}}
         record["corpus"] = bench.corpus.describe()
         record["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-        record["stamp"] = stamp(record, time.perf_counter() - begin) if model == models[-1] \
-            else None
+        record["seconds"] = round(time.perf_counter() - begin, 1)
+        whole = only is None and model == models[-1]
+        record["stamp"] = stamp(record, time.perf_counter() - begin) if whole else None
         out.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def merge(parts: list[dict]) -> dict:
+    """One record from parts measured side by side (each ``measure_and_write(..., only=...)``,
+    one GPU each): every group of :data:`GROUPS` exactly once, in its order, from parts of one
+    preset, corpus and GPU kind. The record lists its parts (models, groups, seconds), and
+    is stamped by the caller with the longest part's time (:func:`stamp`). ``ValueError`` for
+    a group missing or measured twice, or parts that do not match."""
+    if not parts:
+        raise ValueError("parts=[]: nothing to merge")
+    first = parts[0]
+    for key in ("schema", "preset", "warmup", "corpus", "device"):
+        values = {json.dumps(part.get(key), sort_keys=True) for part in parts}
+        if len(values) > 1:
+            raise ValueError(f"parts: their {key} differs ({', '.join(sorted(values))})")
+    record = {k: first[k] for k in ("schema", "preset", "warmup")} | {"models": {}}
+    for model in MODELS:
+        found: dict[int, dict] = {}
+        entry = None
+        for part in parts:
+            mine = part["models"].get(model)
+            if mine is None:
+                continue
+            indices = mine.get("group_indices", list(range(len(GROUPS[model]))))
+            for index, group in zip(indices, mine["groups"], strict=True):
+                if index in found:
+                    raise ValueError(f"parts: {model} group {index} measured twice")
+                found[index] = group
+            entry = entry or {k: v for k, v in mine.items() if k not in ("groups",
+                                                                          "group_indices")}
+        if entry is None:
+            continue
+        missing = [i for i in range(len(GROUPS[model])) if i not in found]
+        if missing:
+            raise ValueError(f"parts: {model} lacks group(s) {missing}")
+        record["models"][model] = {**entry, "groups": [found[i] for i in sorted(found)]}
+    record["corpus"], record["device"] = first["corpus"], first["device"]
+    record["parts"] = [{"models": {m: v.get("group_indices") for m, v in p["models"].items()},
+                        "seconds": p.get("seconds") or (p.get("stamp") or {}).get("run_seconds")}
+                       for p in parts]
     return record
 
 
