@@ -23,6 +23,8 @@ def test_the_job_measures_every_layout_on_cpu_processes():
         for precision in layout_peaks.PRECISIONS]
     tp = [r for r in rows if r["layout"] == "TP+SP"][0]
     assert tp["seq_per_gpu"] * 2 == tp["seq"] and tp["batch_per_group"] == 2 * tp["batch"]
+    steps = layout_peaks.SIZES["smoke"]["steps"]
+    assert all(f"step{steps}_MiB" in r and f"step{steps + 1}_MiB" not in r for r in rows)
 
 
 def test_the_estimator_is_set_beside_each_measured_peak(tmp_path):

@@ -3,7 +3,8 @@
 Every rank builds one layout at a time (the stack of chapter 08: ``L`` te.TransformerLayers,
 MSE loss, TE's FusedAdam with FP32 master weights), holds only its own part of the batch,
 trains ``steps`` steps and records the most memory its tensors held above what was allocated
-before the layout was built; then frees it. Rank 0 writes one row per layout and precision
+before the layout was built, over all steps and step by step (a one-time allocation shows in
+the step that made it); then frees it. Rank 0 writes one row per layout and precision
 with the fullest rank's peak. Arguments: the job as JSON, then the output path. Importing this
 module runs nothing; torchrun runs it as a script.
 """
@@ -119,7 +120,8 @@ def build(job, layout: str):
 
 
 def peak_above(job, layout: str, precision: str):
-    """The fullest rank's peak (MiB) above what it held before the layout, and the shape."""
+    """The fullest rank's peak (MiB) above what it held before the layout, the same for each
+    step (the first holds what happens once), and the shape."""
     gc.collect()
     if job.cuda:
         torch.cuda.empty_cache()
@@ -136,6 +138,7 @@ def peak_above(job, layout: str, precision: str):
         "recipe": job.recipe.DelayedScaling(),
         "amax_reduction_group": job.everyone,
     }
+    steps = []
     for _ in range(job.steps):
         with job.te.autocast(**autocast):
             out = model(x)
@@ -145,11 +148,23 @@ def peak_above(job, layout: str, precision: str):
                 dist.all_reduce(param.grad, group=sp_group)  # a norm saw this rank's tokens
         opt.step()
         opt.zero_grad(set_to_none=True)
-    peak = (torch.cuda.max_memory_allocated() - before) / 2**20 if job.cuda else float("nan")
+        steps.append(step_peak(job, before))
     del model, opt, x, target, out
     found = [None] * job.world
-    dist.all_gather_object(found, peak)
-    return max(found), (seq, batch)
+    dist.all_gather_object(found, steps)
+    per_step = [max(rank[i] for rank in found) for i in range(job.steps)]
+    return max(per_step), per_step, (seq, batch)
+
+
+def step_peak(job, before: int) -> float:
+    """This rank's peak (MiB) above ``before`` since the last call, then a fresh count: so
+    that a one-time allocation shows in the step that made it (NaN on CPUs)."""
+    if not job.cuda:
+        return float("nan")
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - before) / 2**20
+    torch.cuda.reset_peak_memory_stats()
+    return peak
 
 
 def main() -> None:
@@ -158,7 +173,7 @@ def main() -> None:
     rows = []
     for layout in spec["layouts"]:
         for precision in spec["precisions"]:
-            peak, (seq, batch) = peak_above(job, layout, precision)
+            peak, per_step, (seq, batch) = peak_above(job, layout, precision)
             rows.append(
                 {
                     "layout": layout,
@@ -170,6 +185,7 @@ def main() -> None:
                     "seq_per_gpu": seq,
                     "batch_per_group": batch,
                     "peak_MiB": peak,
+                    **{f"step{i + 1}_MiB": v for i, v in enumerate(per_step)},
                 }
             )
     if job.rank == 0:
