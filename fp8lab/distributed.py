@@ -15,6 +15,16 @@ PyTorch's symmetric memory and NVSHMEM, and TE's Userbuffers use CUDA IPC (``UB_
 That suits GPUs that cannot use multicast; where they can, drop these variables.
 
 :func:`command` writes the same launch for several machines (``--nnodes`` and a rendezvous).
+
+A chapter whose jobs take longer than one sitting can be run in parts. With
+``FP8LAB_JOB_CACHE`` set to a folder, every job that finished is saved there under a hash of
+what ran (the worker file's bytes, its arguments, the number of processes, the extra
+environment), and a second run of the same job returns the saved result instead of running
+it again. With ``FP8LAB_JOB_BUDGET_S`` set, a process refuses to start a job once that many
+seconds have passed since its first job (:class:`JobBudgetSpent`): the notebook stops, and
+the same command run again replays the finished jobs from the folder and runs the rest.
+Neither is set by default; a result from the folder is one this code produced on this
+machine, under the same arguments.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from pathlib import Path
 
 from fp8lab import checks
 
-__all__ = ["command", "first_traceback", "torchrun", "worker_environment"]
+__all__ = ["JobBudgetSpent", "command", "first_traceback", "torchrun", "worker_environment"]
 
 MULTICAST_OFF = {
     "NCCL_NVLS_ENABLE": "0",
@@ -44,6 +54,41 @@ ROOT = Path(__file__).resolve().parent.parent
 LOG_TAIL = 3000
 TRACEBACK_LINES = 60
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")  # torchrun's per-rank tag
+JOB_CACHE_ENV = "FP8LAB_JOB_CACHE"
+JOB_BUDGET_ENV = "FP8LAB_JOB_BUDGET_S"
+_first_job_at: float | None = None
+
+
+class JobBudgetSpent(RuntimeError):
+    """A job was refused: this process has run jobs for longer than ``FP8LAB_JOB_BUDGET_S``."""
+
+
+def job_key(path: Path, payload: str, nproc: int, env: Mapping[str, str] | None) -> str:
+    """What identifies a job's result: a hash of its worker file, arguments, process count
+    and extra environment."""
+    import hashlib
+
+    digest = hashlib.sha256(path.read_bytes())
+    extra = json.dumps(sorted((env or {}).items()))
+    for part in (payload, str(nproc), extra):
+        digest.update(b"\0" + part.encode())
+    return digest.hexdigest()
+
+
+def _budget_check(now: float) -> None:
+    global _first_job_at
+    raw = os.environ.get(JOB_BUDGET_ENV)
+    if not raw:
+        return
+    try:
+        budget = float(raw)
+    except ValueError:
+        raise ValueError(f"{JOB_BUDGET_ENV}={raw!r}: must be a number of seconds") from None
+    _first_job_at = now if _first_job_at is None else _first_job_at
+    if now - _first_job_at > budget:
+        raise JobBudgetSpent(
+            f"{now - _first_job_at:.0f} s of jobs, over {JOB_BUDGET_ENV}={raw}: run the same "
+            f"command again to replay the finished jobs from {JOB_CACHE_ENV} and run the rest")
 
 
 def first_traceback(log: str) -> str:
@@ -138,6 +183,11 @@ def torchrun(
         payload = json.dumps(dict(args or {}))
     except (TypeError, ValueError) as error:
         raise TypeError(f"args must be JSON-serialisable: {error}") from None
+    cache = os.environ.get(JOB_CACHE_ENV)
+    saved = Path(cache) / f"{job_key(path, payload, nproc, env)}.json" if cache else None
+    if saved is not None and saved.is_file():
+        return json.loads(saved.read_text())
+    _budget_check(time.monotonic())
     with tempfile.TemporaryDirectory(prefix="fp8lab-run-") as folder:
         result = Path(folder) / "result.json"
         argv = command(nproc, str(path)) + [payload, str(result)]
@@ -157,6 +207,9 @@ def torchrun(
         seconds = time.monotonic() - begin
         found = json.loads(result.read_text()) if result.is_file() else {}
     if code == 0 and found:
+        if saved is not None:
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            saved.write_text(json.dumps({**found, "seconds": seconds}))
         return {**found, "seconds": seconds}
     cause, tail = first_traceback(log), log[-LOG_TAIL:]
     shown = cause and cause not in tail

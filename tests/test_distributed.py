@@ -285,6 +285,27 @@ def test_a_failed_job_shows_the_workers_exception(worker_file):
     assert "RuntimeError: rank 0 says no" in result["error"]
 
 
+def test_finished_jobs_are_replayed_from_the_cache_and_a_spent_budget_stops(
+        worker_file, tmp_path, monkeypatch):
+    cache = tmp_path / "jobs"
+    monkeypatch.setenv(distributed.JOB_CACHE_ENV, str(cache))
+    monkeypatch.setenv(distributed.JOB_BUDGET_ENV, "0")
+    monkeypatch.setattr(distributed, "_first_job_at", None)
+    first = distributed.torchrun(worker_file, 2, {"x": 2}, timeout_s=120)
+    assert len(list(cache.glob("*.json"))) == 1  # the first job always runs
+    with pytest.raises(distributed.JobBudgetSpent, match="run the same command again"):
+        distributed.torchrun(worker_file, 2, {"x": 3}, timeout_s=120)  # budget spent
+    again = distributed.torchrun(worker_file, 2, {"x": 2}, timeout_s=120)  # from the cache
+    assert again == first
+    failed = distributed.torchrun  # failures are not saved: they run again
+    monkeypatch.setenv(distributed.JOB_BUDGET_ENV, "1e9")
+    assert "error" in failed(worker_file, 2, {"fail": True}, timeout_s=120)
+    assert len(list(cache.glob("*.json"))) == 1
+    monkeypatch.setenv(distributed.JOB_BUDGET_ENV, "soon")
+    with pytest.raises(ValueError, match="FP8LAB_JOB_BUDGET_S='soon'"):
+        distributed.torchrun(worker_file, 2, {"x": 4}, timeout_s=120)
+
+
 LOG = """starting
 [rank0]: Traceback (most recent call last):
 [rank0]:   File "pp.py", line 3, in <module>
