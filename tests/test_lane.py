@@ -234,3 +234,24 @@ def test_the_lane_stamps_nothing_without_a_gpu(tmp_path, capsys):
     assert lane.run([path]) == 1
     assert "no GPU to stamp on" in capsys.readouterr().out
     assert path.read_text() == before  # not executed, not stamped
+
+
+def test_a_chapter_run_in_parts_is_stamped_with_the_time_of_every_part(
+        tmp_path, monkeypatch, fake_machine):
+    from tools import lane
+
+    path = _copy_of_chapter(tmp_path)
+    cache = tmp_path / "jobs"
+    monkeypatch.setenv("FP8LAB_JOB_CACHE", str(cache))
+    monkeypatch.setattr(stamps, "machine_in", lambda environment: fake_machine)
+    outcomes = iter([False, True])  # the first part stops on its budget, the second ends
+    monkeypatch.setattr(lane, "execute", lambda path, environment: next(outcomes))
+    clock = iter([0.0, 100.0, 200.0, 230.0])
+    monkeypatch.setattr(lane.time, "perf_counter", lambda: next(clock))
+    assert lane.run([path]) == 1
+    assert json.loads((cache / f"{path.stem}.lane.json").read_text()) == {
+        "seconds": 100.0, "parts": 1}
+    assert lane.run([path]) == 0
+    record = stamps.read(path)["metadata"][stamps.STAMP_KEY]
+    assert record["lane_seconds"] == 130.0 and record["lane_parts"] == 2
+    assert not (cache / f"{path.stem}.lane.json").exists()

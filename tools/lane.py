@@ -5,7 +5,11 @@ named) in place, one at a time (preset ``full``), on as many GPUs as the chapter
 first ones; :func:`tools.stamps.pinned_environment`), and stamps it (:mod:`tools.stamps`). It prints
 each cell's seconds as it goes and keeps the cells run so far in ``NAME.partial.ipynb`` beside
 the chapter, so that a run stopped by a time limit still says where it got and what each cell
-cost; the partial copy is removed when the chapter completes.
+cost; the partial copy is removed when the chapter completes. A chapter longer than one
+command allows runs in parts: with ``FP8LAB_JOB_CACHE`` and ``FP8LAB_JOB_BUDGET_S`` set
+(:mod:`fp8lab.distributed`), the first run stops once its jobs have used the budget, and the
+same command run again replays the finished jobs and runs the rest; the stamp then records
+the seconds of all parts and their number (``lane_parts``).
 
 ``python -m tools.lane verdicts [NOTEBOOK ...]``, in a GPU session other than the stamp's,
 executes them again into copies and reports every glued verdict that flipped
@@ -17,11 +21,13 @@ only when one is broken. ``list`` prints the chapters.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from pathlib import Path
 
+from fp8lab import distributed
 from tools import stamps, verdicts
 
 ROOT = stamps.ROOT
@@ -78,17 +84,41 @@ def run(paths: list[Path]) -> int:
             continue
         print(f"running {path.name} on {machine['gpu_count']} x {machine['gpu_name']} "
               f"(CUDA_VISIBLE_DEVICES={environment['CUDA_VISIBLE_DEVICES']})", flush=True)
+        earlier = parts_so_far(path, environment)
         begin = time.perf_counter()
         done = execute(path, environment)
         seconds = time.perf_counter() - begin
+        total, parts = earlier["seconds"] + seconds, earlier["parts"] + 1
+        record = parts_record(path, environment)
         if done:
-            stamps.stamp_notebook(path, seconds, machine)
-            print(f"stamped {path.name}: {seconds:.0f} s on {machine['gpu_name']}", flush=True)
+            stamps.stamp_notebook(path, total, machine, lane_parts=parts if parts > 1 else None)
+            if record is not None:
+                record.unlink(missing_ok=True)
+            print(f"stamped {path.name}: {total:.0f} s on {machine['gpu_name']}"
+                  + (f", in {parts} parts" if parts > 1 else ""), flush=True)
         else:
             failures += 1
+            if record is not None:  # the next run of the same command adds its time
+                record.parent.mkdir(parents=True, exist_ok=True)
+                record.write_text(json.dumps({"seconds": total, "parts": parts}))
             print(f"FAILED {path.name} after {seconds:.0f} s (not stamped; cells run so far in "
                   f"{partial_path(path).name})", flush=True)
     return failures
+
+
+def parts_record(path: Path, environment: dict[str, str]) -> Path | None:
+    """Where a chapter run in parts (``FP8LAB_JOB_CACHE`` set: finished jobs are replayed,
+    :mod:`fp8lab.distributed`) keeps the seconds and parts of its unfinished runs."""
+    cache = environment.get(distributed.JOB_CACHE_ENV)
+    return Path(cache) / f"{path.stem}.lane.json" if cache else None
+
+
+def parts_so_far(path: Path, environment: dict[str, str]) -> dict:
+    """The seconds and number of the earlier, unfinished runs of this chapter in parts."""
+    record = parts_record(path, environment)
+    if record is None or not record.is_file():
+        return {"seconds": 0.0, "parts": 0}
+    return json.loads(record.read_text())
 
 
 def check(paths: list[Path]) -> int:

@@ -142,12 +142,16 @@ def machine_in(environment: dict[str, str]) -> dict:
 # --- writing a chapter's stamp -------------------------------------------------------------------
 
 
-def stamp_notebook(path: Path, lane_seconds: float | None = None, machine: dict | None = None):
-    """Write the stamp into the notebook at ``path`` and return it."""
+def stamp_notebook(path: Path, lane_seconds: float | None = None, machine: dict | None = None,
+                   lane_parts: int | None = None):
+    """Write the stamp into the notebook at ``path`` and return it (``lane_parts``: the number
+    of commands a chapter run in parts took, :mod:`tools.lane`)."""
     notebook = read(path)
     extra = {"code_sha256": code_hash(notebook)}
     if lane_seconds is not None:
         extra["lane_seconds"] = round(lane_seconds, 1)
+    if lane_parts is not None:
+        extra["lane_parts"] = lane_parts
     record = making.stamp_record(making.library_modules(notebook), machine, **extra)
     notebook["metadata"][STAMP_KEY] = record
     Path(path).write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
