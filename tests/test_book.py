@@ -70,3 +70,28 @@ def test_glue_takes_several_values_at_once(monkeypatch):
         book.glue("x", 1, y=2)
     with pytest.raises(TypeError, match="name=value"):
         book.glue()
+
+
+def test_no_chapter_builds_a_table_that_is_never_shown():
+    """``book.table`` returns a Styler: Jupyter shows it only as a cell's last expression, so a
+    call anywhere else (inside an ``if``, before other statements) needs ``display``."""
+    import ast
+    import json
+
+    from tools import stamps
+
+    dropped = []
+    for path in stamps.toc_notebooks():
+        for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+            if cell["cell_type"] != "code":
+                continue
+            lines = [line for line in "".join(cell["source"]).splitlines()
+                     if not line.lstrip().startswith(("%", "!"))]
+            tree = ast.parse("\n".join(lines))
+            last = tree.body[-1] if tree.body else None
+            for node in ast.walk(tree):
+                call = node.value if isinstance(node, ast.Expr) else None
+                name = getattr(getattr(call, "func", None), "id", None)
+                if name == "table" and node is not last:
+                    dropped.append(f"{path.name} cell {index}, line {node.lineno}")
+    assert not dropped, f"tables built but not displayed: {dropped}"

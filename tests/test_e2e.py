@@ -363,3 +363,22 @@ def test_te_runs_hash_only_the_te_cells():
     with pytest.raises(TypeError, match="tags"):
         worker.source(tags="worker")
 
+
+def test_the_run_table_and_origin_name_every_setting_and_every_stack():
+    from fp8lab.e2e import report
+
+    def run_of(setting, seed, gpu, date):
+        stamp = {"gpu_name": gpu, "torch": "2.11", "transformer_engine": "2.20",
+                 "cudnn": "9.19", "date": date}
+        return {"setting": setting, "seed": seed, "wall_s": 60.0, "steps_run": 200,
+                "error": None, "stamp": stamp}
+
+    runs = [run_of("bf16", 0, "H200", "day 1"), run_of("bf16", 1, "H200", "day 2"),
+            run_of("torchao-rowwise", 0, "H100", "day 3"), {**run_of("delayed", 0, "", ""),
+                                                            "stamp": None}]
+    table = report.run_table(runs)
+    assert list(table["setting"]) == ["TE BF16", "TE FP8 delayed", "torchao FP8 rowwise"]
+    said = report.origin(runs, made_here=False)
+    assert said.startswith("2 on H200, torch 2.11, TE 2.20, cuDNN 9.19, day 1 to day 2; ")
+    assert "1 on H100" in said and said.endswith("1 not stamped")
+    assert report.origin(runs, made_here=True).startswith("made here")

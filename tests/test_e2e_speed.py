@@ -3,6 +3,7 @@ the code here now; every setting it times on the trained model is graphed or say
 comparisons are per-round ratios; the measurement runs at smoke size."""
 
 import json
+import os
 import signal
 import sys
 import types
@@ -20,7 +21,7 @@ IN_THE_BOOK = any(p.name == "09_end_to_end.ipynb" for p in stamps.toc_notebooks(
 
 @pytest.mark.skipif(not IN_THE_BOOK, reason="chapter 09 is not in _toc.yml yet")
 def test_the_committed_speed_file_comes_from_the_gpu_lane():
-    path = e2e_speed.RESULTS_FILE
+    path = e2e_speed.COMMITTED_FILE
     assert path.exists(), "no e2e_speed.json; on a GPU box run python -m tools.e2e_speed"
     record = json.loads(path.read_text())
     assert stamps.record_status(record.get("stamp"), path.name).broken == ()
@@ -244,3 +245,14 @@ def test_parts_measured_side_by_side_merge_into_one_record(tmp_path, monkeypatch
         e2e_speed.merge([parts[0], {**parts[1], "preset": "full"}])
     with pytest.raises(ValueError, match="groups 0 to 5"):
         e2e_speed.chosen_groups("llama", [6])
+
+
+def test_a_verdict_rerun_can_point_the_chapter_at_its_own_measurement(tmp_path):
+    import subprocess
+
+    code = "from fp8lab.e2e import speed; print(speed.RESULTS_FILE)"
+    env = {**os.environ, e2e_speed.RESULTS_ENV: str(tmp_path / "again.json")}
+    shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, check=True, cwd=lane.ROOT).stdout.strip()
+    assert shown == str(tmp_path / "again.json")
+    assert e2e_speed.RESULTS_FILE == e2e_speed.COMMITTED_FILE  # unset: the committed file

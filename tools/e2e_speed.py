@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tools.e2e_speed", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--out", type=Path, default=speed.RESULTS_FILE)
+    parser.add_argument("--out", type=Path, default=speed.COMMITTED_FILE)
     parser.add_argument("--models", default=",".join(e2e.MODELS))
     parser.add_argument("--rounds", type=int, help="rounds per group (default: per model)")
     parser.add_argument("--steps", type=int, help="steps per round (default: per model)")

@@ -181,24 +181,35 @@ def find(runs, setting: str, seed: int = 0) -> dict | None:
 
 
 def origin(runs, made_here: bool) -> str:
-    """Where the runs come from, in words: the stamp's GPU and stack, or "made here"."""
+    """Where the runs come from, in words: each stack they were stamped on (GPU, torch, TE,
+    cuDNN) with its dates and its number of runs, or "made here"."""
     if not runs:
         return "nowhere yet: no result files (on a GPU box, python -m tools.train_e2e --plan)"
     if made_here:
         return "made here, just now, at smoke size (not stamped)"
-    stamp = next((r["stamp"] for r in runs if r.get("stamp")), None)
-    if stamp is None:
+    stacks: dict[str, list[str]] = {}
+    for run in runs:
+        stamp = run.get("stamp")
+        if not stamp:
+            continue
+        stack = (f"{stamp['gpu_name']}, torch {stamp['torch']}, "
+                 f"TE {stamp['transformer_engine']}, cuDNN {stamp.get('cudnn', '?')}")
+        stacks.setdefault(stack, []).append(stamp["date"])
+    if not stacks:
         return "committed without a GPU stamp"
-    return (
-        f"{stamp['gpu_name']}, torch {stamp['torch']}, TE {stamp['transformer_engine']}, "
-        f"cuDNN {stamp.get('cudnn', '?')}, {stamp['date']}"
-    )
+    parts = []
+    for stack, dates in stacks.items():
+        first, last = min(dates), max(dates)
+        when = first if first == last else f"{first} to {last}"
+        parts.append(f"{len(dates)} on {stack}, {when}")
+    unstamped = len(runs) - sum(len(d) for d in stacks.values())
+    return "; ".join(parts + ([f"{unstamped} not stamped"] if unstamped else []))
 
 
 def run_table(runs) -> pd.DataFrame:
     """One row per setting: its seeds, steps, minutes and problems."""
     rows = []
-    for name in RECIPES:
+    for name in SETTINGS:  # TE's settings, then the PyTorch and torchao ones
         mine = [r for r in runs if r["setting"] == name]
         if not mine:
             continue
