@@ -226,14 +226,6 @@ def chapter08_rows(path: Path):
             if found is None:
                 continue
             name, layout, batch = found
-            est = estimate(
-                cfg,
-                batch,
-                int(row["seq"]),
-                precision=CH08_PRECISIONS[row["precision"]],
-                layout=layout,
-                hidden_dropout=0.0,
-            )
             rows.append(
                 {
                     "layout": name,
@@ -241,12 +233,23 @@ def chapter08_rows(path: Path):
                     "batch": int(row["batch"]),
                     "precision": row["precision"],
                     "measured_MiB": row["peak_mib"],
-                    "predicted_MiB": est.peak_mib,
+                    "predicted_MiB": _ch08_peak_mib(cfg, batch, row, layout),
                 }
             )
     table = pd.DataFrame(rows).drop_duplicates(["layout", "GPUs", "batch", "precision"])
+    return _with_error(table).reset_index(drop=True)
+
+
+def _ch08_peak_mib(cfg: TransformerConfig, batch: int, row, layout: Layout) -> float:
+    """The estimator's peak (MiB) for a measured row of chapter 08's stack (no dropout)."""
+    return estimate(cfg, batch, int(row["seq"]), precision=CH08_PRECISIONS[row["precision"]],
+                    layout=layout, hidden_dropout=0.0).peak_mib
+
+
+def _with_error(table):
+    """``table`` with ``error``: predicted over measured, minus one."""
     table["error"] = table["predicted_MiB"] / table["measured_MiB"] - 1
-    return table.reset_index(drop=True)
+    return table
 
 
 # tools.layout_peaks: each layout's own peak per GPU on several GPUs, its estimator layout and
@@ -278,26 +281,16 @@ def layout_rows(path: Path):
             num_layers=int(row["layers"]), name=f"te-tutorial x {int(row['layers'])}"
         )
         layout, batch = _layout_of(row["layout"], int(row["gpus"]), int(row["batch"]))
-        est = estimate(
-            cfg,
-            batch,
-            int(row["seq"]),
-            precision=CH08_PRECISIONS[row["precision"]],
-            layout=layout,
-            hidden_dropout=0.0,
-        )
         rows.append(
             {
                 "layout": row["layout"],
                 "GPUs": int(row["gpus"]),
                 "precision": row["precision"],
                 "measured_MiB": row["peak_MiB"],
-                "predicted_MiB": est.peak_mib,
+                "predicted_MiB": _ch08_peak_mib(cfg, batch, row, layout),
             }
         )
-    table = pd.DataFrame(rows)
-    table["error"] = table["predicted_MiB"] / table["measured_MiB"] - 1
-    return table
+    return _with_error(pd.DataFrame(rows))
 
 
 def fits_check(frame, models: dict[str, TransformerConfig], gpu: str = "H200"):
