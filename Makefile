@@ -44,12 +44,14 @@ WHEELHOUSE ?= wheelhouse
 # Wheels for another machine than this one, e.g.
 #   WHEEL_TARGET="--python-version 3.12 --platform manylinux_2_28_x86_64 --only-binary=:all:"
 WHEEL_TARGET ?=
-# Transformer Engine loads cuDNN from CUDNN_PATH/CUDNN_HOME before PyTorch's own: point both at
-# PyTorch's (pip's nvidia-cudnn package) where it is installed and neither is set, so that one
-# cuDNN is in the process (book/gpu-box.md, "One cuDNN per process").
+# Transformer Engine loads cuDNN from CUDNN_PATH/CUDNN_HOME and the system's library path before
+# PyTorch's own: where PyTorch's (pip's nvidia-cudnn package) is installed, point both at it, over
+# any value already set, and put its lib/ first on LD_LIBRARY_PATH, so that one cuDNN is in the
+# process (book/gpu-box.md, "One cuDNN per process"). A machine image with a system cuDNN older
+# than PyTorch's (9.14 under 9.19) otherwise fails make doctor.
 CUDNN_ENV = _c=$$($(BIN)/python -c "import nvidia.cudnn as c; print(list(c.__path__)[0])" 2>/dev/null); \
-	if [ -n "$$_c" ] && [ -z "$$CUDNN_PATH$$CUDNN_HOME" ]; then \
-	  export CUDNN_PATH="$$_c" CUDNN_HOME="$$_c"; fi
+	if [ -n "$$_c" ]; then export CUDNN_PATH="$$_c" CUDNN_HOME="$$_c" \
+	  LD_LIBRARY_PATH="$$_c/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"; fi
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)

@@ -184,8 +184,9 @@ def _cudnn(env: environment.Environment, te: Any) -> Check:
         f"two cuDNN versions in one process: {facts}. TE looks for cuDNN in CUDNN_HOME, "
         "CUDNN_PATH, CUDA_HOME and the system's library path before PyTorch's own, and FP8 "
         f"attention is then wrong and nondeterministic. Fix: export CUDNN_HOME={folder} "
-        f"CUDNN_PATH={folder} (PyTorch's cuDNN) before starting Python, or remove the older "
-        "system cuDNN",
+        f"CUDNN_PATH={folder} LD_LIBRARY_PATH={folder}/lib:$LD_LIBRARY_PATH (PyTorch's cuDNN) "
+        "before starting Python (make doctor and make lab do), or remove the older system "
+        "cuDNN",
     )
 
 

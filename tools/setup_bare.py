@@ -107,6 +107,24 @@ def _make_or(target: list[str], direct: list[list[str]], name: str, env: dict,
     return all(_step(f"{name} (no make: direct)", c, env, record) for c in direct)
 
 
+def _see_parent_venv(record: list[dict]) -> None:
+    """Let the new venv see the packages of the venv this script runs in.
+
+    ``--system-site-packages`` exposes the *base* interpreter's packages only; where the
+    machine's CUDA torch lives in a venv of its own (``python3`` on the PATH is that venv's),
+    a ``.pth`` file in the new venv adds that venv's site-packages, after the new venv's own.
+    """
+    import site
+
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    target = ROOT / VENV / "lib" / version / "site-packages" / "_machine_packages.pth"
+    target.write_text("\n".join(site.getsitepackages()) + "\n")
+    note = f"{target.relative_to(ROOT)}: {', '.join(site.getsitepackages())}"
+    print(f"== machine packages seen through {note}", flush=True)
+    record.append({"step": "machine packages seen through .pth", "command": "", "seconds": 0.0,
+                   "exit": 0, "output_tail": note})
+
+
 def run(wheelhouse: Path, system_site: bool, chapters: tuple[str, ...] = (FIRST,)) -> int:
     """Time the steps and write the record; return 0 when all succeeded."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -119,6 +137,8 @@ def run(wheelhouse: Path, system_site: bool, chapters: tuple[str, ...] = (FIRST,
         shutil.rmtree(ROOT / VENV, ignore_errors=True)
         ok = _step("fresh virtual environment (without pip)", [*venv, "--without-pip", VENV],
                    env, record)  # fmt: skip
+    if ok and system_site and sys.prefix != sys.base_prefix:
+        _see_parent_venv(record)
     flags = [f"VENV={VENV}", f"WHEELHOUSE={wheelhouse}", "LAB_UI=0", f"PYTHON={sys.executable}"]
     flags += ["SYSTEM_SITE=1"] if system_site else []
     pip = [python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheelhouse)]
@@ -132,7 +152,9 @@ def run(wheelhouse: Path, system_site: bool, chapters: tuple[str, ...] = (FIRST,
     cudnn = subprocess.run([python, "-c", "import nvidia.cudnn as c; print(list(c.__path__)[0])"],
                            cwd=ROOT, env=env, capture_output=True, text=True)  # fmt: skip
     if cudnn.returncode == 0 and cudnn.stdout.strip():
-        run_env.update(CUDNN_PATH=cudnn.stdout.strip(), CUDNN_HOME=cudnn.stdout.strip())
+        path = cudnn.stdout.strip()
+        library = ":".join(p for p in (f"{path}/lib", env.get("LD_LIBRARY_PATH", "")) if p)
+        run_env.update(CUDNN_PATH=path, CUDNN_HOME=path, LD_LIBRARY_PATH=library)
     doctor = [[python, "-m", "fp8lab.doctor"]]
     ok = ok and _make_or(["doctor", f"VENV={VENV}"], doctor, "make doctor", run_env, record)
     work = ROOT / "lab-bare"

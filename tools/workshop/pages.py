@@ -264,7 +264,8 @@ def setup_records(folder: Path = RESULTS) -> list[dict]:
                              f"({error})") from None  # fmt: skip
         if ok:
             found.append({"seconds": seconds, "steps": steps, "gpu": where, "date": date,
-                          "file": path.name})  # fmt: skip
+                          "file": path.name,
+                          "system_site": bool(record.get("system_site"))})  # fmt: skip
     return sorted(found, key=lambda r: r["date"])
 
 
@@ -277,10 +278,15 @@ def setup_timing_fragment(folder: Path = RESULTS) -> str:
         return HEADER + "**Measured set-up time:** not yet measured." + stacks
     last = records[-1]
     steps = "; ".join(f"{name} {seconds:.0f} s" for name, seconds in last["steps"])
+    card, _, driver = last["gpu"].partition(", ")
+    where = f"{card} machine (driver {driver})" if driver else f"{card} machine"
     return (
         HEADER + f"**Measured set-up time:** {last['seconds'] / 60:.1f} min "
-        f"({last['seconds']:.0f} s) from a bare {last['gpu']} machine without network, "
-        f"{last['date']}, by `tools/setup_bare.py` ({last['file']}): {steps}." + stacks
+        f"({last['seconds']:.0f} s) from a bare {where} without network, "
+        f"{last['date']}, by `tools/setup_bare.py` ({last['file']}): {steps}."
+        + (" PyTorch was the machine's own (`--system-site`), not installed from the wheelhouse."
+           if last["system_site"] else "")
+        + stacks
     )
 
 
