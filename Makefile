@@ -55,6 +55,7 @@ CUDNN_ENV = _c=$$($(BIN)/python -c "import nvidia.cudnn as c; print(list(c.__pat
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(if $(VENV_FLAGS),$(PYTHON) tools/machine_packages.py $(VENV))
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)" $(TORCH_PIP_ARGS)
 	$(BIN)/python -m pip install -q -r requirements.txt -e ".[test]"
 	touch $@
@@ -131,6 +132,7 @@ wheelhouse:
 TE_CUDA_ARCHS ?= 90
 te-wheel:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(if $(VENV_FLAGS),$(PYTHON) tools/machine_packages.py $(VENV))
 	$(BIN)/python -c "import torch" 2>/dev/null || \
 	  $(BIN)/python -m pip install -q --no-index --find-links $(WHEELHOUSE) "$(GPU_TORCH)"
 	$(BIN)/python -m pip install -q --no-index --find-links $(WHEELHOUSE) setuptools wheel \
@@ -142,7 +144,8 @@ te-wheel:
 	  --find-links $(WHEELHOUSE) -w $(WHEELHOUSE) "transformer-engine-torch==$(TE_VERSION)"
 
 # On the GPU box, no network: .venv from the wheelhouse alone. SYSTEM_SITE=1 reuses a torch the
-# machine already has (an NVIDIA container, a prepared image); LAB_UI=0 leaves JupyterLab out
+# machine already has (an NVIDIA container, a prepared image, also one whose torch is in a venv
+# of its own: tools/machine_packages.py links it); LAB_UI=0 leaves JupyterLab out
 # (notebooks then run headless, as tools/setup_bare.py does).
 LAB_UI ?= 1
 # TE's three wheels without their export-only dependencies (ONNX, onnxscript, einops), then
@@ -152,6 +155,7 @@ TE_WHEELS = --no-deps "transformer-engine==$(TE_VERSION)" "transformer-engine-cu
 TE_NEEDS = pydantic nvdlfw-inspect packaging
 install-offline:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(if $(VENV_FLAGS),$(PYTHON) tools/machine_packages.py $(VENV))
 	$(BIN)/python -c "import setuptools" 2>/dev/null || \
 	  $(BIN)/python -m pip install -q --no-index --find-links $(WHEELHOUSE) setuptools
 	$(BIN)/python -c "import torch" 2>/dev/null || \

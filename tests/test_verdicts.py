@@ -128,7 +128,7 @@ def test_a_rerun_writes_a_report_and_leaves_the_chapter_as_stamped(tmp_path, mon
     chapter = tmp_path / "00_x.ipynb"
     stamped = notebook_with(gain=speed([1.5, 1.52, 1.49]), tie=speed([1.0, 1.005, 0.998]))
     stamped["metadata"]["fp8lab"] = {"code_sha256": "abc", "date": "2026-11-27 10:00 UTC",
-                                     "gpu_name": "H100"}
+                                     "gpu_name": "H100", "gpu_count": 1}
     chapter.write_text(json.dumps(stamped))
     again = notebook_with(gain=speed([1.5, 1.51, 1.50]), tie=speed([1.2, 1.21, 1.19]))
 
@@ -150,6 +150,22 @@ def test_a_rerun_writes_a_report_and_leaves_the_chapter_as_stamped(tmp_path, mon
     assert (report["held"], report["flipped"]) == (1, 1)
     assert report["stamp"]["code_sha256"] == "abc" and report["rerun"]["executed"]
     assert verdicts.current(chapter, tmp_path / "reports")["flipped"] == 1
+
+
+def test_a_rerun_on_other_cards_than_the_stamp_is_refused_before_anything_runs(
+        tmp_path, monkeypatch):  # fmt: skip
+    chapter = tmp_path / "00_x.ipynb"
+    stamped = notebook_with(gain=speed([1.5, 1.52, 1.49]))
+    stamped["metadata"]["fp8lab"] = {"code_sha256": "abc", "date": "2026-11-27 10:00 UTC",
+                                     "gpu_name": "NVIDIA H200", "gpu_count": 1}
+    chapter.write_text(json.dumps(stamped))
+    ran = []
+    monkeypatch.setattr(verdicts, "_execute", lambda copy, env: ran.append(copy) or (True, 1.0))
+    monkeypatch.setattr(stamps, "machine_in",
+                        lambda env: {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1})
+    with pytest.raises(ValueError, match="stamped on 1 x NVIDIA H200.*1 x NVIDIA H100"):
+        verdicts.run([chapter], tmp_path / "reports")
+    assert not ran and not (tmp_path / "reports").exists()
 
 
 def _report_with(tmp_path, stamped, rerun):

@@ -432,3 +432,22 @@ def test_a_questions_code_block_stays_a_block():
     text = "Time this:\n   more words.\n\n   ```python\n   a = 1\n   b = 2\n   ```\n"
     assert _question_text(text) == "Time this: more words.\n\n```python\na = 1\nb = 2\n```"
     assert _question_text("one\n   line") == "one line"
+
+
+
+def test_machine_packages_links_the_running_venv_only(tmp_path, monkeypatch):
+    import site
+    import sys
+
+    from tools import machine_packages
+
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (tmp_path / "lib" / version / "site-packages").mkdir(parents=True)
+    monkeypatch.setattr(sys, "prefix", sys.base_prefix)
+    assert machine_packages.link(tmp_path) is None
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "machine-venv"))
+    target = machine_packages.link(tmp_path)
+    assert target.name == machine_packages.PTH
+    assert target.read_text().split() == site.getsitepackages()
+    with pytest.raises(ValueError, match="venv="):
+        machine_packages.link(tmp_path / "absent")

@@ -157,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "run":
         return 1 if run(paths) else 0
     if args.action == "verdicts":
-        report, flips = verdicts.run(paths)
+        try:
+            report, flips = verdicts.run(paths)
+        except ValueError as error:
+            print(f"refused: {error}", flush=True)
+            return 2
         print(f"report: {report.relative_to(ROOT)}")
         return 1 if flips else 0
     return check(paths)

@@ -107,24 +107,6 @@ def _make_or(target: list[str], direct: list[list[str]], name: str, env: dict,
     return all(_step(f"{name} (no make: direct)", c, env, record) for c in direct)
 
 
-def _see_parent_venv(record: list[dict]) -> None:
-    """Let the new venv see the packages of the venv this script runs in.
-
-    ``--system-site-packages`` exposes the *base* interpreter's packages only; where the
-    machine's CUDA torch lives in a venv of its own (``python3`` on the PATH is that venv's),
-    a ``.pth`` file in the new venv adds that venv's site-packages, after the new venv's own.
-    """
-    import site
-
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    target = ROOT / VENV / "lib" / version / "site-packages" / "_machine_packages.pth"
-    target.write_text("\n".join(site.getsitepackages()) + "\n")
-    note = f"{target.relative_to(ROOT)}: {', '.join(site.getsitepackages())}"
-    print(f"== machine packages seen through {note}", flush=True)
-    record.append({"step": "machine packages seen through .pth", "command": "", "seconds": 0.0,
-                   "exit": 0, "output_tail": note})
-
-
 def run(wheelhouse: Path, system_site: bool, chapters: tuple[str, ...] = (FIRST,)) -> int:
     """Time the steps and write the record; return 0 when all succeeded."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -137,8 +119,9 @@ def run(wheelhouse: Path, system_site: bool, chapters: tuple[str, ...] = (FIRST,
         shutil.rmtree(ROOT / VENV, ignore_errors=True)
         ok = _step("fresh virtual environment (without pip)", [*venv, "--without-pip", VENV],
                    env, record)  # fmt: skip
-    if ok and system_site and sys.prefix != sys.base_prefix:
-        _see_parent_venv(record)
+    if ok and system_site and sys.prefix != sys.base_prefix:  # the machine's torch in a venv
+        ok = _step("machine packages linked", [sys.executable, "tools/machine_packages.py",
+                                               VENV], env, record)  # fmt: skip
     flags = [f"VENV={VENV}", f"WHEELHOUSE={wheelhouse}", "LAB_UI=0", f"PYTHON={sys.executable}"]
     flags += ["SYSTEM_SITE=1"] if system_site else []
     pip = [python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheelhouse)]

@@ -123,14 +123,29 @@ def _execute(copy: Path, environment: dict[str, str]) -> tuple[bool, float]:
     return done, time.perf_counter() - begin
 
 
-def rerun(path: Path) -> dict:
-    """Execute ``path`` into a copy beside it and compare its verdicts with the stamped ones."""
+def _same_cards(path: Path) -> tuple[dict, dict, dict]:
+    """The chapter's stamp, its pinned environment and the GPUs it would re-run on; a
+    ValueError when those are not the cards it was stamped on."""
     from tools import stamps
 
     committed = json.loads(path.read_text())
     record = committed["metadata"].get(STAMP_KEY) or {}
     environment = stamps.pinned_environment(path, dict(os.environ, FP8LAB_PRESET="full"))
     machine = stamps.machine_in(environment)  # the GPUs the chapter runs on, as it sees them
+    stamped_on = (record.get("gpu_name"), record.get("gpu_count"))
+    if stamped_on != (machine["gpu_name"], machine["gpu_count"]):
+        raise ValueError(
+            f"{path.name}: stamped on {stamped_on[1]} x {stamped_on[0]}, and this process sees "
+            f"{machine['gpu_count']} x {machine['gpu_name']}: a verdict re-run compares like "
+            "with like, so run it on the stamp's cards (or re-stamp here, then re-run in a "
+            "later session)")
+    return committed, environment, machine
+
+
+def rerun(path: Path) -> dict:
+    """Execute ``path`` into a copy beside it and compare its verdicts with the stamped ones."""
+    committed, environment, machine = _same_cards(path)
+    record = committed["metadata"].get(STAMP_KEY) or {}
     copy = path.with_name(path.stem + RERUN_SUFFIX)
     copy.write_text(path.read_text())
     try:
@@ -157,6 +172,8 @@ def _now() -> str:
 
 def run(paths: list[Path], folder: Path = FOLDER) -> tuple[Path, int]:
     """Re-run every chapter in ``paths``; write the report; return it and the flips found."""
+    for path in paths:  # refuse before anything runs
+        _same_cards(path)
     chapters = {}
     for path in paths:
         chapters[path.name] = report = rerun(path)
