@@ -255,3 +255,18 @@ def test_a_chapter_run_in_parts_is_stamped_with_the_time_of_every_part(
     record = stamps.read(path)["metadata"][stamps.STAMP_KEY]
     assert record["lane_seconds"] == 130.0 and record["lane_parts"] == 2
     assert not (cache / f"{path.stem}.lane.json").exists()
+
+
+def test_the_lane_refuses_a_chapter_on_fewer_gpus_than_it_needs(
+        tmp_path, monkeypatch, fake_machine, capsys):  # fmt: skip
+    from tools import lane
+
+    path = _copy_of_chapter(tmp_path)
+    before = path.read_text()
+    monkeypatch.setattr(stamps, "machine_in", lambda environment: fake_machine)  # one GPU
+    monkeypatch.setattr(stamps, "gpus_needed", lambda chapter: 2)
+    ran = []
+    monkeypatch.setattr(lane, "execute", lambda path, environment: ran.append(path) or True)
+    assert lane.run([path]) == 1
+    assert "needs 2 GPUs and this process sees 1" in capsys.readouterr().out
+    assert not ran and path.read_text() == before

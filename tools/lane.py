@@ -82,6 +82,12 @@ def run(paths: list[Path]) -> int:
             failures += 1
             print(f"FAILED {path.name}: no GPU to stamp on ({error})", flush=True)
             continue
+        if machine["gpu_count"] < stamps.gpus_needed(path):
+            failures += 1
+            print(f"FAILED {path.name}: it needs {stamps.gpus_needed(path)} GPUs and this "
+                  f"process sees {machine['gpu_count']} (CUDA_VISIBLE_DEVICES="
+                  f"{environment['CUDA_VISIBLE_DEVICES']}); not run", flush=True)
+            continue
         print(f"running {path.name} on {machine['gpu_count']} x {machine['gpu_name']} "
               f"(CUDA_VISIBLE_DEVICES={environment['CUDA_VISIBLE_DEVICES']})", flush=True)
         earlier = parts_so_far(path, environment)
