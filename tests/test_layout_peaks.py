@@ -39,7 +39,22 @@ def test_the_estimator_is_set_beside_each_measured_peak(tmp_path):
                  for n in ("FSDP2", "DDP"))
     assert fsdp.predicted_MiB < ddp.predicted_MiB  # sharded states
     assert table.error.tolist() == pytest.approx((table.predicted_MiB / 5000.0 - 1).tolist())
+    assert "error_last_step" not in table  # no step columns in this file
     assert validation.layout_rows(tmp_path / "absent.csv").empty
+
+
+def test_step_peaks_give_the_first_and_the_last_step_and_the_error_against_the_last(
+        tmp_path):  # fmt: skip
+    row = {"layout": "DDP", "precision": "fp8", "gpus": 4, "layers": 2, "seq": 2048,
+           "batch": 4, "seq_per_gpu": 2048, "batch_per_group": 4, "peak_MiB": 6000.0,
+           "step1_MiB": 4000.0, "step2_MiB": 6000.0, "step10_MiB": 5000.0,
+           "step3_MiB": 5500.0}  # step10 is the last, whatever the column order
+    path = tmp_path / "peaks.csv"
+    pd.DataFrame([row]).to_csv(path, index=False)
+    found = validation.layout_rows(path).iloc[0]
+    assert (found.step1_MiB, found.last_step_MiB) == (4000.0, 5000.0)
+    assert found.error_last_step == pytest.approx(found.predicted_MiB / 5000.0 - 1)
+    assert found.error == pytest.approx(found.predicted_MiB / 6000.0 - 1)
 
 
 @pytest.mark.parametrize("argv", [["--gpus", "1"], ["--csv", "peaks.txt"],

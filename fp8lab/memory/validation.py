@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import re
 from pathlib import Path
 
 from fp8lab.config import TransformerConfig, preset_config
@@ -268,13 +269,19 @@ def _layout_of(name: str, gpus: int, batch: int) -> tuple[Layout, int]:
 
 def layout_rows(path: Path):
     """The measured peaks of a ``tools.layout_peaks`` file beside the estimator's, with the
-    error (predicted over measured, minus one); an empty table if the file is absent."""
+    error (predicted over measured, minus one); an empty table if the file is absent.
+
+    Files that record each step's peak (``step1_MiB``, ``step2_MiB``, ...) also give the
+    first step's and the last step's peak, and the error against the last: a peak the
+    largest only once (a one-time allocation) then shows as a gap between the two errors."""
     import pandas as pd
 
     path = Path(path)
     if not path.exists():
         return pd.DataFrame()
     measured = pd.read_csv(path)
+    steps = sorted((c for c in measured.columns if re.fullmatch(r"step\d+_MiB", c)),
+                   key=lambda c: int(c[4:-4]))
     rows = []
     for row in measured.to_dict("records"):
         cfg = preset_config(CH08_MODEL["preset"]).replace(
@@ -288,9 +295,14 @@ def layout_rows(path: Path):
                 "precision": row["precision"],
                 "measured_MiB": row["peak_MiB"],
                 "predicted_MiB": _ch08_peak_mib(cfg, batch, row, layout),
+                **({"step1_MiB": row[steps[0]], "last_step_MiB": row[steps[-1]]}
+                   if len(steps) > 1 else {}),
             }
         )
-    return _with_error(pd.DataFrame(rows))
+    table = _with_error(pd.DataFrame(rows))
+    if "last_step_MiB" in table:
+        table["error_last_step"] = table["predicted_MiB"] / table["last_step_MiB"] - 1
+    return table
 
 
 def fits_check(frame, models: dict[str, TransformerConfig], gpu: str = "H200"):
