@@ -58,7 +58,23 @@ class StepSpec:
     (at most L - 1, TE's rule; not with recompute); ``persistent_grads``: gradient buffers
     allocated once and never freed (Megatron's ``main_grad``; with ``fp32_grads``, 4 B/param);
     ``fsdp_buffers``: under ZeRO-3 with dp > 1, FSDP2's all-gathered layers and unsharded
-    gradient (``False``: the sharded state only, as before they were modelled).
+    gradient (``False``: the sharded state only, as before they were modelled);
+    ``comm_buffers``: what the parallel layouts hold beside the model's own tensors (``False``,
+    the default: left out, as in the estimates chapter 08's committed four-GPU predictions were
+    made from): under DDP (dp > 1, ZeRO stage 0 or 1) the reducer's gradient buckets and, in
+    the second step, the first step's buckets (DDP rebuilds its buckets once, and the old ones
+    live on until their all-reduce is released, :mod:`fp8lab.memory.timeline`); under sequence
+    parallelism the tensors TE all-gathers in each module's backward, and only the row-wise
+    FP8 copy of the QKV input saved; under FSDP2 the sharded gradients from each layer's
+    reduce-scatter on, the previous layer's reduce-scatter input, and FP8 weight copies made
+    module by module in the backward (:mod:`fp8lab.memory.sizes` cites the source of each);
+    ``ddp_bucket_view``: DDP's ``gradient_as_bucket_view`` (``True``: the gradients are views
+    of the buckets; ``False``, DDP's default: the buckets are allocated beside them);
+    ``ddp_rebuild``: count the first step's buckets held into the second step (with
+    ``comm_buffers``; how long they live depends on NCCL's watchdog, so ``False`` gives the
+    steady state of a long run); ``stack_batch``: a bare stack of layers (no vocabulary) trained as
+    chapter 08's workers train it: the caller holds the input batch (activation dtype) and an
+    FP32 target of the output's shape, and the loss is ``mse_loss(out.float(), target)``.
 
     ``parameter_layout``, ``compute`` and ``autocast`` are what the options resolve to.
     """
@@ -84,6 +100,10 @@ class StepSpec:
     offload_layers: int = 0
     persistent_grads: bool = False
     fsdp_buffers: bool = True
+    comm_buffers: bool = False
+    ddp_bucket_view: bool = False
+    ddp_rebuild: bool = True
+    stack_batch: bool = False
     parameter_layout: Weights = field(init=False)
     compute: str = field(init=False)
     autocast: bool = field(init=False)
@@ -118,6 +138,13 @@ class StepSpec:
         checks.flag("include_optimizer", self.include_optimizer)
         checks.flag("persistent_grads", self.persistent_grads)
         checks.flag("fsdp_buffers", self.fsdp_buffers)
+        for name in ("comm_buffers", "ddp_bucket_view", "ddp_rebuild", "stack_batch"):
+            checks.flag(name, getattr(self, name))
+        if self.stack_batch and self.cfg.vocab_size is not None:
+            raise ValueError(
+                "stack_batch=True: only a bare stack of layers (vocab_size=None) takes its "
+                "batch and target from the caller"
+            )
         self._check_parallelism()
         self._check_offload()
 
@@ -162,6 +189,21 @@ class StepSpec:
     def fsdp(self) -> bool:
         """Are FSDP2's all-gather buffers modelled (ZeRO-3 over more than one rank)?"""
         return self.fsdp_buffers and self.layout.zero_stage == 3 and self.layout.dp > 1
+
+    @property
+    def ddp(self) -> bool:
+        """Is DDP's reducer modelled (``comm_buffers``, dp > 1, gradients not sharded)?"""
+        return self.comm_buffers and self.layout.dp > 1 and self.layout.zero_stage <= 1
+
+    @property
+    def sp_buffers(self) -> bool:
+        """Are sequence parallelism's all-gathered tensors modelled?"""
+        return self.comm_buffers and self.layout.sequence_parallel
+
+    @property
+    def fsdp_comm(self) -> bool:
+        """Are FSDP2's reduce-scatter and module-by-module FP8 copies modelled?"""
+        return self.comm_buffers and self.fsdp
 
     @property
     def momentum_buffer(self) -> bool:

@@ -29,6 +29,8 @@ __all__ = [
     "constants_table",
     "fits_check",
     "heldout_errors",
+    "layout_options",
+    "layout_rows",
     "models_of",
     "phase_errors",
     "reserved_overhead",
@@ -241,10 +243,13 @@ def chapter08_rows(path: Path):
     return _with_error(table).reset_index(drop=True)
 
 
-def _ch08_peak_mib(cfg: TransformerConfig, batch: int, row, layout: Layout) -> float:
-    """The estimator's peak (MiB) for a measured row of chapter 08's stack (no dropout)."""
+def _ch08_peak_mib(
+    cfg: TransformerConfig, batch: int, row, layout: Layout, **options
+) -> float:
+    """The estimator's peak (MiB) for a measured row of chapter 08's stack (no dropout);
+    ``options`` are more options of :func:`~fp8lab.memory.estimate`."""
     return estimate(cfg, batch, int(row["seq"]), precision=CH08_PRECISIONS[row["precision"]],
-                    layout=layout, hidden_dropout=0.0).peak_mib
+                    layout=layout, hidden_dropout=0.0, **options).peak_mib
 
 
 def _with_error(table):
@@ -265,6 +270,15 @@ def _layout_of(name: str, gpus: int, batch: int) -> tuple[Layout, int]:
     if name == "TP2 x DP2 (SP)":
         return Layout(tp=2, sequence_parallel=True, dp=gpus // 2), 2 * batch
     raise ValueError(f"layout={name!r}: not one tools.layout_peaks measures")
+
+
+def layout_options(name: str) -> dict:
+    """The estimator's options for a layout as ``tools/layout_peaks_worker.py`` builds it: the
+    layouts' buffers, the batch and FP32 target each rank holds (``stack_batch``), and DDP's
+    ``gradient_as_bucket_view`` where the worker sets it (its DDP layout; TP2 x DP2 wraps the
+    tensor-parallel stack in DDP with DDP's defaults)."""
+    _layout_of(name, 4, 1)  # refuses a layout the job does not measure
+    return {"comm_buffers": True, "stack_batch": True, "ddp_bucket_view": name == "DDP"}
 
 
 def layout_rows(path: Path):
@@ -294,7 +308,9 @@ def layout_rows(path: Path):
                 "GPUs": int(row["gpus"]),
                 "precision": row["precision"],
                 "measured_MiB": row["peak_MiB"],
-                "predicted_MiB": _ch08_peak_mib(cfg, batch, row, layout),
+                "predicted_MiB": _ch08_peak_mib(
+                    cfg, batch, row, layout, **layout_options(row["layout"])
+                ),
                 **({"step1_MiB": row[steps[0]], "last_step_MiB": row[steps[-1]]}
                    if len(steps) > 1 else {}),
             }
