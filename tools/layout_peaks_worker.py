@@ -14,6 +14,7 @@ import gc
 import json
 import os
 import sys
+import time
 from types import SimpleNamespace
 
 import torch
@@ -119,10 +120,31 @@ def build(job, layout: str):
     raise ValueError(f"layout={layout!r}: unknown")
 
 
+def release_stashed(job) -> None:
+    """Have NCCL let go of what the last layout's collectives still hold, before a baseline.
+
+    ProcessGroupNCCL keeps an asynchronous collective's tensors (DDP's bucket all-reduces) until
+    the next collective on the same group after its watchdog, which polls every 100 ms, has seen
+    the collective finish (ProcessGroupNCCL.cpp: ``collective()``, ``Watchdog::runLoop``,
+    ``workEnqueue``). Without this a layout's baseline can count the previous layout's gradient
+    buckets, which are then freed during its steps and lower its peak above the baseline by as
+    much. A wait longer than the watchdog's poll, then a barrier on every group of this rank.
+    """
+    if job.cuda:
+        torch.cuda.synchronize()
+    time.sleep(0.3)
+    mine = [None, job.everyone, job.across[job.rank % PAIR]]
+    if job.rank // PAIR < len(job.pairs):
+        mine.append(job.pairs[job.rank // PAIR])
+    for group in mine:
+        dist.barrier(group=group)
+
+
 def peak_above(job, layout: str, precision: str):
     """The fullest rank's peak (MiB) above what it held before the layout, the same for each
     step (the first holds what happens once), and the shape."""
     gc.collect()
+    release_stashed(job)
     if job.cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
