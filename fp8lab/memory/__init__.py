@@ -50,7 +50,10 @@ in the second step, the first step's buckets, which outlive DDP's one rebuild un
 all-reduce releases them), the tensors TE all-gathers in each module's backward under
 sequence parallelism, FSDP2's reduce-scatter input and its module-by-module FP8 weight copies
 (see :func:`~fp8lab.memory.validation.layout_rows`); by default they are left out, as they
-were in the estimates chapter 08 committed. Pipeline parallelism is not modelled.
+were in the estimates chapter 08 committed. ``window`` says which steps the measured peak
+spans: from the build on (the default), or a step after warm-up steps (``"steady"``, as
+chapter 08's worker measures; :func:`~fp8lab.memory.validation.chapter08_rows` with
+``as_run=True``). Pipeline parallelism is not modelled.
 Activation offload (``offload_layers``) follows TE's schedule; its time cost is
 :func:`offload_overhead_ms`.
 Checked against measured peaks of complete training steps by

@@ -28,6 +28,7 @@ __all__ = [
     "OPTIMIZERS",
     "ORIGIN",
     "PRECISIONS",
+    "WINDOWS",
     "ZERO_STAGES",
 ]
 
@@ -46,6 +47,12 @@ OPTIMIZERS = ("adamw", "sgd", "none")
 ADAMW_IMPLS = ("foreach", "fused", "for-loop")
 # Rajbhandari et al. 2020 (ZeRO), sec. 5: stage 0 (none) to 3 (parameters sharded too).
 ZERO_STAGES = (0, 1, 2, 3)
+# The steps a measured peak spans, above what was allocated before the model was built:
+# "first-steps" from the build on, the first steps included (tools/memory_check and
+# tools/layout_peaks_worker.py reset the peak counter before building the model); "steady" a
+# step after warm-up steps (chapter 08's worker: fp8lab.speedometer.time_callable resets the
+# counter after its warm-up calls), where nothing that happens once in the first steps counts.
+WINDOWS = ("first-steps", "steady")
 
 # TE 2.20, cpp_extensions/gemm.py, get_cublas_workspace_size_bytes(): 32 MiB plus 1 KiB of
 # alignment and scales on Hopper and newer, 4 MiB on older GPUs. Allocated once per process by

@@ -239,10 +239,13 @@ def _comm_buffers(spec: StepSpec, layer_params: dict, n_local: float, copy_per_p
 def _input_batch(spec: StepSpec) -> float:
     """A bare stack's batch as chapter 08's workers hold it (``stack_batch``): the input
     ``[S, B, H]`` in the activation dtype and an FP32 target of the output's shape, both
-    allocated before the first step and held through every step (0 otherwise)."""
+    allocated before the first step and held through every step (0 otherwise). Under sequence
+    parallelism a rank's share of the tokens, or, with ``whole_batch``, the group's whole
+    batch: ``torch.chunk`` returns views, which keep the whole tensor's storage alive."""
     if not spec.stack_batch:
         return 0.0
-    return (spec.element + 4) * spec.tokens * spec.cfg.hidden_size / spec.rep
+    share = 1 if spec.whole_batch else spec.rep
+    return (spec.element + 4) * spec.tokens * spec.cfg.hidden_size / share
 
 
 def _outer_parameters(spec: StepSpec) -> dict[str, float]:

@@ -5,7 +5,9 @@ a forward and backward per micro-batch (embeddings, each layer's saved tensors a
 copies, final norm, LM head, logits and loss; then the backward module by module, gradients
 appearing while saved tensors are freed) and the optimizer step with its temporaries (states
 are created by the first). Every size comes from a :class:`~fp8lab.memory.sizes.StepSizes`;
-this module only says when each is allocated and freed.
+this module only says when each is allocated and freed. The peak is the largest total the
+measured window sees (``window``): every moment from the build on, or, for a step after
+warm-up steps, those of the last simulated step only.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ __all__ = ["simulate"]
 class Timeline:
     """Live bytes by part through a simulated step; remembers the largest total and its moment."""
 
-    def __init__(self):
+    def __init__(self, counting: bool = True):
         self.live: dict[str, float] = {}
         self.events: list[tuple[str, float]] = []
         self.phases: dict[str, float] = {}
         self.peak, self.peak_event, self.at_peak = 0.0, "", {}
+        self.counting = counting  # do moments count toward the peak (inside the window)?
 
     def add(self, part: str, nbytes: float) -> None:
         self.live[part] = max(0.0, self.live.get(part, 0.0) + nbytes)
@@ -40,7 +43,7 @@ class Timeline:
         total = sum(self.live.values()) + transient
         self.events.append((f"{phase}: {event}", total))
         self.phases[phase.split(", ")[-1]] = max(self.phases.get(phase.split(", ")[-1], 0), total)
-        if total > self.peak:
+        if self.counting and total > self.peak:
             self.peak, self.peak_event = total, f"{phase}: {event}"
             self.at_peak = {k: v for k, v in self.live.items() if v > 0}
             if transient:
@@ -48,9 +51,13 @@ class Timeline:
 
 
 def simulate(sizes: StepSizes) -> Timeline:
-    """Build the model, then two training steps (one forward and backward without optimizer)."""
+    """Build the model, then two training steps (one forward and backward without optimizer).
+
+    Under ``window="steady"`` only the last step's moments count toward the peak: a measured
+    step after warm-up steps holds what every step holds (the model, its state, the caller's
+    batch) and none of what the first steps do once."""
     spec = sizes.spec
-    tl = Timeline()
+    tl = Timeline(counting=spec.window == "first-steps")
     tl.set(Part.PARAMETERS, sizes.parameters)
     tl.set(Part.SCALING_STATE, sizes.scaling_state)
     if spec.persistent_grads:  # Megatron's main_grad: allocated with the model, never freed
@@ -62,11 +69,13 @@ def simulate(sizes: StepSizes) -> Timeline:
         tl.set(Part.INPUT_BATCH, sizes.input_batch)
     steps = 2 if spec.include_optimizer else 1
     for step in range(1, steps + 1):
+        if step == steps:
+            tl.counting = True
         for micro in range(1, spec.accumulation + 1):
             # DDP rebuilds its buckets once, before the first forward that follows a backward
             # (torch/nn/parallel/distributed.py, _pre_forward: reducer._rebuild_buckets())
             rebuild = (step - 1) * spec.accumulation + micro == 2
-            _micro_step(sizes, tl, step, micro, rebuild and spec.ddp and spec.ddp_rebuild)
+            _micro_step(sizes, tl, step, micro, rebuild and spec.ddp_replaced_buckets)
         if spec.include_optimizer and spec.optimizer_used != "none":
             _optimizer_step(sizes, tl, step)
         if not spec.persistent_grads:
@@ -84,9 +93,14 @@ def _micro_step(
     (``torch/csrc/distributed/c10d/reducer.cpp``) allocates new buckets; the old ones stay
     referenced by the first step's all-reduce, which ``ProcessGroupNCCL`` stashes and releases
     only at the next collective on the group after its watchdog (polling every 100 ms) has seen
-    the all-reduce complete (``collective()``, ``Watchdog::runLoop``, ``workEnqueue``): the
-    next collective is the all-reduce of the backward's first full bucket, so both sets of
-    buckets are live until then.
+    the all-reduce complete (``collective()``, ``Watchdog::runLoop``, ``workEnqueue``; the
+    reducer waits on the bucket's future in ``finalize_backward``, not on ``Work::wait()``,
+    whose ``synchronizeStream`` would unstash at once): where nothing else runs on DDP's group,
+    the next collective is the all-reduce of the backward's first full bucket, so both sets of
+    buckets are live until then, and, when the watchdog has not yet looked, until the same
+    moment of a later step. Within the 100 ms of a poll and a collective after it they are
+    gone, so a window after warm-up steps longer than that (``window="steady"``) sees none of
+    them.
     """
     spec = sizes.spec
     grads_full = micro > 1 or spec.persistent_grads  # earlier gradients persist

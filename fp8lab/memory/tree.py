@@ -170,7 +170,7 @@ def _comm_buffers(tree: MemoryNode, sizes: StepSizes) -> None:
         view = "the gradients are views of them" if spec.ddp_bucket_view else "beside them"
         found.append((Part.DDP_BUCKETS, sizes.ddp_buckets, view))
         steps = (2 if spec.include_optimizer else 1) * spec.accumulation
-        if spec.ddp_rebuild and steps > 1:
+        if spec.ddp_replaced_buckets and steps > 1:
             found.append((Part.DDP_OLD_BUCKETS, sizes.ddp_buckets, "second step"))
     if sizes.sp_gathered:
         found.append((Part.SP_GATHERED, max(sizes.sp_gathered.values()), "largest module"))
