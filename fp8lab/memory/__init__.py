@@ -44,10 +44,18 @@ source.
 ``max_memory_allocated``) are beside the peak, not in it (:attr:`MemoryEstimate.runtime`);
 kernels' scratch beyond the cuBLAS workspace is one measured constant; under ZeRO-3 over
 dp > 1, FSDP2's all-gathered layers (the running and the prefetched one), the root's full
-parameters and the running layer's unsharded gradient are modelled, not its reduce-scatter
-copies; TP's communication buffers (the all-gathered input under SP) and pipeline parallelism
-are not modelled (see :func:`~fp8lab.memory.validation.chapter08_rows`). Activation offload
-(``offload_layers``) follows TE's schedule; its time cost is :func:`offload_overhead_ms`.
+parameters and the running layer's unsharded gradient are modelled. With
+``comm_buffers=True`` the layouts' own buffers are counted too: DDP's gradient buckets (and,
+in the second step, the first step's buckets, which outlive DDP's one rebuild until the next
+all-reduce releases them), the tensors TE all-gathers in each module's backward under
+sequence parallelism, FSDP2's reduce-scatter input and its module-by-module FP8 weight copies
+(see :func:`~fp8lab.memory.validation.layout_rows`); by default they are left out, as they
+were in the estimates chapter 08 committed. ``window`` says which steps the measured peak
+spans: from the build on (the default), or a step after warm-up steps (``"steady"``, as
+chapter 08's worker measures; :func:`~fp8lab.memory.validation.chapter08_rows` with
+``as_run=True``). Pipeline parallelism is not modelled.
+Activation offload (``offload_layers``) follows TE's schedule; its time cost is
+:func:`offload_overhead_ms`.
 Checked against measured peaks of complete training steps by
 ``python -m tools.memory_check`` (results in
 ``tests/gpu_results``, each file named for the GPU it was measured on).

@@ -107,10 +107,16 @@ def saved_per_layer(spec: StepSpec) -> dict[str, float]:
         softmax_stats = 0.0
     unfused = not spec.flash_attention and recompute != "selective"
     scores = 5 * cfg.num_attention_heads if unfused else 0.0
+    # Under sequence parallelism (comm_buffers) TE 2.20's LayerNormLinear quantizes the norm
+    # output row-wise only, since per-tensor FP8 is all-gathered row-wise
+    # (layernorm_linear.py: supports_only_rowwise_all_gather), and saves that copy for the
+    # backward's gather: one FP8 byte per element, not a column-wise copy beside a row-wise one.
+    rowwise_only = spec.sp_buffers and spec.compute in ("fp8-delayed", "fp8-current")
+    qkv_rowwise = tokens * h / rep if fp8 and not rowwise_only else 0.0
     return {
         Saved.ATTN_NORM_INPUT: element * tokens * h / rep + stats,
         Saved.QKV_INPUT: gemm_input * tokens * h / rep,
-        Saved.QKV_INPUT_FP8_ROWWISE: tokens * h / rep if fp8 else 0.0,
+        Saved.QKV_INPUT_FP8_ROWWISE: qkv_rowwise,
         Saved.QKV: element * tokens * cfg.qkv_size / tp,
         Saved.ATTN_OUTPUT: attention_output + softmax_stats,
         Saved.ATTN_DROPOUT_MASK: mask,

@@ -15,6 +15,7 @@ __all__ = [
     "CUBLAS_WORKSPACE_HOPPER",
     "CUBLAS_WORKSPACE_OLDER",
     "CUDA_CONTEXT",
+    "FP8_GATHERED_BYTES_PER_ELEMENT",
     "FP8_GEMMS_PER_LAYER",
     "FP8_META_SLOTS_PER_GEMM",
     "FSDP2_BUFFERS",
@@ -27,6 +28,7 @@ __all__ = [
     "OPTIMIZERS",
     "ORIGIN",
     "PRECISIONS",
+    "WINDOWS",
     "ZERO_STAGES",
 ]
 
@@ -45,6 +47,12 @@ OPTIMIZERS = ("adamw", "sgd", "none")
 ADAMW_IMPLS = ("foreach", "fused", "for-loop")
 # Rajbhandari et al. 2020 (ZeRO), sec. 5: stage 0 (none) to 3 (parameters sharded too).
 ZERO_STAGES = (0, 1, 2, 3)
+# The steps a measured peak spans, above what was allocated before the model was built:
+# "first-steps" from the build on, the first steps included (tools/memory_check and
+# tools/layout_peaks_worker.py reset the peak counter before building the model); "steady" a
+# step after warm-up steps (chapter 08's worker: fp8lab.speedometer.time_callable resets the
+# counter after its warm-up calls), where nothing that happens once in the first steps counts.
+WINDOWS = ("first-steps", "steady")
 
 # TE 2.20, cpp_extensions/gemm.py, get_cublas_workspace_size_bytes(): 32 MiB plus 1 KiB of
 # alignment and scales on Hopper and newer, 4 MiB on older GPUs. Allocated once per process by
@@ -64,6 +72,12 @@ BACKWARD_SCRATCH = 24 * MiB
 # amax of input, weight and output-gradient metas; TE 2.20 quantization.py) with an amax history.
 FP8_META_SLOTS_PER_GEMM = 5
 FP8_GEMMS_PER_LAYER = 4  # QKV, attention output, FC1, FC2 (te.TransformerLayer's GEMMs)
+# An FP8 tensor all-gathered for a backward GEMM under sequence parallelism (TE 2.20
+# distributed.py, _all_gather_fp8): the row-wise FP8 data is gathered (1 byte per element) and,
+# where a column-wise copy is needed and the GPU has no non-TN FP8 GEMM (Hopper), its transpose is
+# made after the gather (1 more byte), as it is for the gathered norm output that FC1's and QKV's
+# weight gradients read (module/layernorm_mlp.py, layernorm_linear.py: update_usage(columnwise)).
+FP8_GATHERED_BYTES_PER_ELEMENT = 2
 # Float8BlockScaling (TE 2.20 tensor/float8_blockwise_tensor.py): activations and gradients are
 # scaled per 1 x 128 block with one FP32 scale, 4/128 bytes per element on top of the FP8 byte.
 BLOCK_SCALE_BYTES_PER_ELEMENT = 4 / 128
@@ -99,6 +113,7 @@ ORIGIN = {
     "BACKWARD_SCRATCH": "fitted: peaks of stacks of te.TransformerLayer, H200",
     "FP8_META_SLOTS_PER_GEMM": "source: TE 2.20 quantization.py",
     "FP8_GEMMS_PER_LAYER": "source: te.TransformerLayer's GEMMs",
+    "FP8_GATHERED_BYTES_PER_ELEMENT": "source: TE 2.20 distributed.py (_all_gather_fp8)",
     "BLOCK_SCALE_BYTES_PER_ELEMENT": "source: TE 2.20 float8_blockwise_tensor.py",
     "BLOCK_SCALING_UNEXPLAINED_BYTES_PER_ELEMENT": "fitted: the tune matrix, H200",
     "NORM_STATS_BYTES": "source: PyTorch's and TE's norms",

@@ -76,7 +76,8 @@ def estimate(cfg: TransformerConfig, batch: int, seq: int, **options) -> MemoryE
 
     ``peak_bytes`` predicts the rise of ``torch.cuda.max_memory_allocated`` over building the
     model and two training steps (``include_optimizer=False``: one forward and backward, no
-    optimizer state); ``runtime`` holds one-off memory beside it.
+    optimizer state), or, with ``window="steady"``, over a step after warm-up steps, above
+    what was allocated before the build; ``runtime`` holds one-off memory beside it.
     """
     spec = step_spec(cfg, batch, seq, options)
     sizes = step_sizes(spec)

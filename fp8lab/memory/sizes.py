@@ -15,7 +15,7 @@ gradients in the backward), autocast's weight cache.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fp8lab.flops import layer_parameters
 from fp8lab.memory.activations import (
@@ -26,6 +26,7 @@ from fp8lab.memory.activations import (
     saved_per_layer,
 )
 from fp8lab.memory.constants import (
+    FP8_GATHERED_BYTES_PER_ELEMENT,
     FP8_GEMMS_PER_LAYER,
     FP8_META_SLOTS_PER_GEMM,
     FSDP2_UNSHARDED_LAYERS,
@@ -98,6 +99,12 @@ class StepSizes:
     state_init_transient: float
     offloaded_per_layer: float = 0.0  # saved bytes an offloaded layer moves to host memory
     fsdp_held: float = 0.0  # FSDP2: root and two unsharded layers, through a micro-batch
+    fsdp_root: float = 0.0  # FSDP2: the root module's full parameters (not resharded)
+    fsdp_layer: float = 0.0  # FSDP2: one layer's full parameters (all-gathered)
+    ddp_buckets: float = 0.0  # DDP's gradient buckets (comm_buffers)
+    sp_gathered: dict = field(default_factory=dict)  # SP: all-gathered bytes per module backward
+    fsdp_module_copies: dict = field(default_factory=dict)  # FSDP2: FP8 copies per module
+    input_batch: float = 0.0  # a bare stack's input batch and FP32 target (stack_batch)
 
     @property
     def kept_layers(self) -> int:
@@ -150,6 +157,8 @@ def step_sizes(spec: StepSpec) -> StepSizes:
         state_init_transient=init_temp,
         offloaded_per_layer=_offloaded_per_layer(spec, saved),
         **_fsdp_buffers(spec, layer_params, outer_params, state["per_parameter"]),
+        **_comm_buffers(spec, layer_params, n_local, copy_per_param),
+        input_batch=_input_batch(spec),
     )
 
 
@@ -180,7 +189,63 @@ def _fsdp_buffers(spec: StepSpec, layer_params: dict, outer_params: dict, per_pa
     layer = stored * gemm + weights.param_bytes * (sum(layer_params.values()) - gemm)
     unsharded = min(FSDP2_UNSHARDED_LAYERS, spec.cfg.num_layers)
     root = weights.param_bytes * sum(outer_params.values())
-    return {"fsdp_held": root + unsharded * layer}
+    return {"fsdp_held": root + unsharded * layer, "fsdp_root": root, "fsdp_layer": layer}
+
+
+def _comm_buffers(spec: StepSpec, layer_params: dict, n_local: float, copy_per_param: float):
+    """What the parallel layouts hold beside the model's tensors (``comm_buffers``), in bytes.
+
+    * DDP (``torch/csrc/distributed/c10d/reducer.cpp``, ``Reducer::initialize_buckets``): the
+      reducer allocates each bucket's flat ``gradients`` tensor, in the parameters' dtype, when
+      DDP is built, and keeps it: one gradient's bytes for every parameter. With
+      ``gradient_as_bucket_view`` the parameters' gradients are views of it
+      (``mark_variable_ready_dense`` copies each fresh gradient in and points ``.grad`` at the
+      view); without, they are separate tensors beside it.
+    * Sequence parallelism (TE 2.20): a row-parallel GEMM all-gathers its output gradient to the
+      group's full ``[tokens, hidden]`` for its data and weight gradients
+      (``module/base.py``, ``grad_output_preprocess``: FC2 in ``LayerNormMLP``, the attention
+      projection in ``Linear``), and a column-parallel one all-gathers its saved norm output for
+      its weight gradient (``layernorm_mlp.py`` and ``layernorm_linear.py`` backward,
+      ``ln_out_total``: FC1 and QKV); each lives through its module's backward. In BF16 one
+      element is 2 bytes; in FP8 it is the gathered row-wise data and its transpose
+      (:data:`FP8_GATHERED_BYTES_PER_ELEMENT`).
+    * FSDP2 under FP8 (TE 2.20, ``is_fsdp2``): the forward casts each weight row-wise only and
+      does not save it; each module's backward casts its weights again, row- and column-wise,
+      and drops the column-wise copy after its data-gradient GEMM (``clear_columnwise_cache``):
+      in ``LayerNormMLP``'s backward, FC2's row-wise copy is still there when FC1's full copy
+      is made. One module's copies at a time, instead of the whole layer's.
+    """
+    if not spec.comm_buffers:
+        return {}
+    found = {}
+    if spec.ddp:
+        found["ddp_buckets"] = spec.parameter_layout.param_bytes * n_local
+    if spec.sp_buffers:
+        per_element = FP8_GATHERED_BYTES_PER_ELEMENT if spec.fp8 else spec.element
+        gathered = per_element * spec.tokens * spec.cfg.hidden_size
+        found["sp_gathered"] = {"mlp": 2 * gathered, "proj": gathered, "attention": 0.0,
+                                "qkv": gathered}
+    if spec.fsdp and spec.fp8 and copy_per_param:
+        rowwise = 1.0  # FP8 data, one byte per element
+        found["fsdp_module_copies"] = {
+            "mlp": copy_per_param * layer_params["fc1"] + rowwise * layer_params["fc2"],
+            "proj": copy_per_param * layer_params["attention output"],
+            "attention": 0.0,
+            "qkv": copy_per_param * layer_params["qkv"],
+        }
+    return found
+
+
+def _input_batch(spec: StepSpec) -> float:
+    """A bare stack's batch as chapter 08's workers hold it (``stack_batch``): the input
+    ``[S, B, H]`` in the activation dtype and an FP32 target of the output's shape, both
+    allocated before the first step and held through every step (0 otherwise). Under sequence
+    parallelism a rank's share of the tokens, or, with ``whole_batch``, the group's whole
+    batch: ``torch.chunk`` returns views, which keep the whole tensor's storage alive."""
+    if not spec.stack_batch:
+        return 0.0
+    share = 1 if spec.whole_batch else spec.rep
+    return (spec.element + 4) * spec.tokens * spec.cfg.hidden_size / share
 
 
 def _outer_parameters(spec: StepSpec) -> dict[str, float]:
@@ -301,6 +366,11 @@ def _outer_sizes(spec: StepSpec, layer_input: float) -> OuterSizes:
     tokens = spec.tokens / spec.rep  # sequence parallelism splits the [S, B, H] tensors
     if cfg.vocab_size is None:  # a bare stack of layers: its output, and the gradient handed in
         stack = layer_input
+        if spec.stack_batch:  # mse_loss(out.float(), target): PyTorch's MSE on an FP32 copy
+            fp32 = 4 * tokens * h
+            # the FP32 copy, saved by mse_loss until its backward; the squared differences
+            # before the mean, a moment; the FP32 input gradient of mse_loss's backward
+            return OuterSizes(0.0, stack, fp32, fp32, fp32, 0.0, 0.0, 0.0, stack)
         return OuterSizes(0.0, stack, 0.0, 0.0, stack, 0.0, 0.0, 0.0, stack)
     logits = spec.tokens * cfg.vocab_size / tp  # vocabulary-parallel under tensor parallelism
     logit_bytes = 4 if spec.compute == "fp32" else 2

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from fp8lab import checks
 from fp8lab.config import TransformerConfig, require_config
 from fp8lab.flops import RECOMPUTE
-from fp8lab.memory.constants import ADAMW_IMPLS, OPTIMIZERS
+from fp8lab.memory.constants import ADAMW_IMPLS, OPTIMIZERS, WINDOWS
 from fp8lab.memory.layouts import Layout, Weights, resolve_precision
 from fp8lab.parts import Part
 
@@ -58,7 +58,33 @@ class StepSpec:
     (at most L - 1, TE's rule; not with recompute); ``persistent_grads``: gradient buffers
     allocated once and never freed (Megatron's ``main_grad``; with ``fp32_grads``, 4 B/param);
     ``fsdp_buffers``: under ZeRO-3 with dp > 1, FSDP2's all-gathered layers and unsharded
-    gradient (``False``: the sharded state only, as before they were modelled).
+    gradient (``False``: the sharded state only, as before they were modelled);
+    ``comm_buffers``: what the parallel layouts hold beside the model's own tensors (``False``,
+    the default: left out, as in the estimates chapter 08's committed four-GPU predictions were
+    made from): under DDP (dp > 1, ZeRO stage 0 or 1) the reducer's gradient buckets and, in
+    the second step, the first step's buckets (DDP rebuilds its buckets once, and the old ones
+    live on until their all-reduce is released, :mod:`fp8lab.memory.timeline`); under sequence
+    parallelism the tensors TE all-gathers in each module's backward, and only the row-wise
+    FP8 copy of the QKV input saved; under FSDP2 the sharded gradients from each layer's
+    reduce-scatter on, the previous layer's reduce-scatter input, and FP8 weight copies made
+    module by module in the backward (:mod:`fp8lab.memory.sizes` cites the source of each);
+    ``ddp_bucket_view``: DDP's ``gradient_as_bucket_view`` (``True``: the gradients are views
+    of the buckets; ``False``, DDP's default: the buckets are allocated beside them);
+    ``window``: the steps the peak spans, above what was allocated before the model was built
+    (:data:`~fp8lab.memory.constants.WINDOWS`): ``"first-steps"``, the default, from the build
+    through the first two steps (``tools/memory_check`` and ``tools/layout_peaks_worker.py``
+    reset the peak counter before the build); ``"steady"``, a step after warm-up steps
+    (chapter 08's worker resets it after its warm-up): the simulated second step stands for
+    it, and what the first steps do once does not count, the first step's creation of the
+    optimizer state and, with ``comm_buffers``, the buckets DDP replaces in its one rebuild
+    (:mod:`fp8lab.memory.timeline` says when those are released); ``stack_batch``: a bare stack
+    of layers (no vocabulary) trained as chapter 08's workers train it: the caller holds the
+    input batch (activation dtype) and an FP32 target of the output's shape, and the loss is
+    ``mse_loss(out.float(), target)``; ``whole_batch``: with ``stack_batch`` under sequence
+    parallelism, each rank makes the group's whole batch and target and trains on views of its
+    share of the sequence (``x.chunk(tp, 0)[rank]``, as chapter 08's tensor-parallel task
+    does), so it holds all of them (``False``: each rank makes only its share, as
+    ``tools/layout_peaks_worker.py`` does).
 
     ``parameter_layout``, ``compute`` and ``autocast`` are what the options resolve to.
     """
@@ -84,6 +110,11 @@ class StepSpec:
     offload_layers: int = 0
     persistent_grads: bool = False
     fsdp_buffers: bool = True
+    comm_buffers: bool = False
+    ddp_bucket_view: bool = False
+    window: str = "first-steps"
+    stack_batch: bool = False
+    whole_batch: bool = False
     parameter_layout: Weights = field(init=False)
     compute: str = field(init=False)
     autocast: bool = field(init=False)
@@ -118,6 +149,16 @@ class StepSpec:
         checks.flag("include_optimizer", self.include_optimizer)
         checks.flag("persistent_grads", self.persistent_grads)
         checks.flag("fsdp_buffers", self.fsdp_buffers)
+        for name in ("comm_buffers", "ddp_bucket_view", "stack_batch", "whole_batch"):
+            checks.flag(name, getattr(self, name))
+        checks.choice("window", self.window, WINDOWS)
+        if self.stack_batch and self.cfg.vocab_size is not None:
+            raise ValueError(
+                "stack_batch=True: only a bare stack of layers (vocab_size=None) takes its "
+                "batch and target from the caller"
+            )
+        if self.whole_batch and not self.stack_batch:
+            raise ValueError("whole_batch=True: only with stack_batch=True (the caller's batch)")
         self._check_parallelism()
         self._check_offload()
 
@@ -162,6 +203,27 @@ class StepSpec:
     def fsdp(self) -> bool:
         """Are FSDP2's all-gather buffers modelled (ZeRO-3 over more than one rank)?"""
         return self.fsdp_buffers and self.layout.zero_stage == 3 and self.layout.dp > 1
+
+    @property
+    def ddp(self) -> bool:
+        """Is DDP's reducer modelled (``comm_buffers``, dp > 1, gradients not sharded)?"""
+        return self.comm_buffers and self.layout.dp > 1 and self.layout.zero_stage <= 1
+
+    @property
+    def ddp_replaced_buckets(self) -> bool:
+        """Are the buckets DDP replaces in its one rebuild counted (DDP's reducer modelled, and
+        the peak spans the first steps, in which they are still held)?"""
+        return self.ddp and self.window == "first-steps"
+
+    @property
+    def sp_buffers(self) -> bool:
+        """Are sequence parallelism's all-gathered tensors modelled?"""
+        return self.comm_buffers and self.layout.sequence_parallel
+
+    @property
+    def fsdp_comm(self) -> bool:
+        """Are FSDP2's reduce-scatter and module-by-module FP8 copies modelled?"""
+        return self.comm_buffers and self.fsdp
 
     @property
     def momentum_buffer(self) -> bool:

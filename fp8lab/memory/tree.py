@@ -87,6 +87,7 @@ def build_tree(sizes: StepSizes) -> MemoryNode:
     _training_state(tree, sizes)
     _weight_copies(tree, sizes)
     _activations(tree, sizes)
+    _comm_buffers(tree, sizes)
     temps = tree.add(Part.TEMPORARIES)
     if sizes.optimizer_temporary:
         temps.add(Part.OPTIMIZER_TEMPORARIES, sizes.optimizer_temporary)
@@ -95,10 +96,13 @@ def build_tree(sizes: StepSizes) -> MemoryNode:
 
 
 def _training_state(tree: MemoryNode, sizes: StepSizes) -> None:
+    """Parameters, gradients, master weights and optimizer states (under DDP with
+    ``gradient_as_bucket_view`` the gradients are the buckets', shown under the buffers)."""
     state = tree.add(Part.TRAINING_STATE)
+    in_buckets = sizes.spec.ddp and sizes.spec.ddp_bucket_view
     for part, size in (
         (Part.PARAMETERS, sizes.parameters),
-        (Part.GRADIENTS, sizes.gradients),
+        (Part.GRADIENTS, 0.0 if in_buckets else sizes.gradients),
         (Part.MASTER_WEIGHTS, sizes.master),
         (Part.OPTIMIZER_STATES, sizes.states),
     ):
@@ -113,7 +117,13 @@ def _weight_copies(tree: MemoryNode, sizes: StepSizes) -> None:
     if spec.fp8:
         extras = tree.add(Part.FP8_EXTRAS)
         extras.add(Part.SCALING_STATE, sizes.scaling_state)
-        if sizes.copy_per_param:
+        if sizes.fsdp_module_copies and spec.recompute != "full":
+            extras.add(
+                Part.FP8_WEIGHT_COPIES,
+                max(sizes.fsdp_module_copies.values()),
+                "one module at a time (FSDP2)",
+            )
+        elif sizes.copy_per_param:
             extras.add(
                 Part.FP8_WEIGHT_COPIES,
                 sizes.weight_copies,
@@ -149,3 +159,29 @@ def _activations(tree: MemoryNode, sizes: StepSizes) -> None:
     logits.add(Part.LOG_PROBS, outer.log_probs, "FP32")
     logits.add(Part.LOSS_COPIES, outer.loss_forward, "a moment")
     logits.add(Part.LOSS_GRADIENTS, outer.loss_backward, "FP32, a moment")
+
+
+def _comm_buffers(tree: MemoryNode, sizes: StepSizes) -> None:
+    """The parallel layouts' own buffers (``comm_buffers``) and a bare stack's batch
+    (``stack_batch``), each at its largest; nothing when none is modelled."""
+    spec = sizes.spec
+    found = []
+    if sizes.ddp_buckets:
+        view = "the gradients are views of them" if spec.ddp_bucket_view else "beside them"
+        found.append((Part.DDP_BUCKETS, sizes.ddp_buckets, view))
+        steps = (2 if spec.include_optimizer else 1) * spec.accumulation
+        if spec.ddp_replaced_buckets and steps > 1:
+            found.append((Part.DDP_OLD_BUCKETS, sizes.ddp_buckets, "second step"))
+    if sizes.sp_gathered:
+        found.append((Part.SP_GATHERED, max(sizes.sp_gathered.values()), "largest module"))
+    if spec.fsdp_comm:
+        layer_grads = sum(
+            spec.layout.dp * (m.grads + m.grads_after) for m in sizes.modules
+        )
+        found.append((Part.FSDP2_REDUCE_SCATTER, layer_grads, "one layer's gradients"))
+    if sizes.input_batch:
+        found.append((Part.INPUT_BATCH, sizes.input_batch, ""))
+    if found:
+        node = tree.add(Part.COMM_BUFFERS)
+        for name, nbytes, note in found:
+            node.add(name, nbytes, note)

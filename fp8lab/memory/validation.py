@@ -22,13 +22,18 @@ from fp8lab.memory.estimator import estimate
 from fp8lab.memory.fit import largest_micro_batch
 from fp8lab.memory.layouts import Layout
 from fp8lab.memory.phases import MEASURED_PHASES
+from fp8lab.memory.sizes import step_sizes
+from fp8lab.memory.spec import step_spec
 
 __all__ = [
     "CONFIG_COLUMNS",
+    "chapter08_options",
     "chapter08_rows",
     "constants_table",
     "fits_check",
     "heldout_errors",
+    "layout_options",
+    "layout_rows",
     "models_of",
     "phase_errors",
     "reserved_overhead",
@@ -192,25 +197,65 @@ def reserved_overhead(frame):
 # of TE's tutorial shape, no embeddings or head, no dropout; its precisions by their names here.
 CH08_MODEL = {"preset": "te-tutorial", "num_layers": 2}
 CH08_PRECISIONS = {"bf16": "bf16", "fp8": "fp8-delayed", "fp8_weights": "fp8-weights"}
+# Chapter 08's DDP variants (fp8lab/parallel/layouts.py of the commit that wrote its result
+# file, DDP_VARIANTS and ddp_model): "tuned" passes bucket_cap_mb=200 and
+# gradient_as_bucket_view=True, "default" DDP's defaults, "no_overlap" wraps nothing (a plain
+# model whose gradients one synchronous all-reduce averages after the backward).
+CH08_DDP_NAMES = {"tuned": "DDP", "default": "DDP (defaults)",
+                  "no_overlap": "DP, all-reduce after backward"}
 
 
-def _ch08_layout(kind: str, row: dict) -> tuple[str, Layout, int] | None:
+def _ch08_layout(kind: str, row: dict, as_run: bool = False) -> tuple[str, Layout, int] | None:
     """A chapter 08 row's layout name, estimator layout and micro-batch (a TP group shares
-    ``tp`` times the per-GPU batch of DDP, as chapter 08 runs it); None for rows not compared."""
+    ``tp`` times the per-GPU batch of DDP, as chapter 08 runs it); None for rows not compared
+    (``as_run`` compares every DDP variant, else one GPU and the tuned DDP only)."""
     n, batch = int(row["n"]), int(row["batch"])
     if kind == "fsdp":
         return "FSDP2 (ZeRO-3)", Layout(dp=n, zero_stage=3), batch
     if kind == "tp":
         tp, sp = int(row["tp"]), row["layout"] == "TP+SP"
         return row["layout"], Layout(tp=tp, sequence_parallel=sp), batch * tp
-    if kind == "ddp" and row.get("mode") in ("single", "tuned"):
-        return ("one GPU" if n == 1 else "DDP"), Layout(dp=n), batch
-    return None
+    mode = row.get("mode")
+    if kind != "ddp" or mode not in (*(CH08_DDP_NAMES if as_run else ["tuned"]), "single"):
+        return None
+    if n == 1:
+        return "one GPU", Layout(), batch
+    return CH08_DDP_NAMES[mode], Layout(dp=n) if mode != "no_overlap" else Layout(), batch
 
 
-def chapter08_rows(path: Path):
+def chapter08_options(kind: str, row: dict) -> dict:
+    """The estimator's options for a row of chapter 08's result file as its worker ran it
+    (``fp8lab/parallel`` of the commit that wrote the file; ``kind`` is the task):
+
+    * ``window="steady"``: ``measure.timed`` runs ``speedometer.time_callable``, whose
+      ``_time_on_gpu`` resets the peak counter after the warm-up steps (5 in the plan) and
+      reads it after the timed ones (20); the peak is taken above ``measure.memory_base``,
+      read before the model is built;
+    * ``comm_buffers=True``: the layouts' own buffers, with ``ddp_bucket_view`` where the DDP
+      variant passes ``gradient_as_bucket_view=True`` (:data:`CH08_DDP_NAMES`);
+    * ``stack_batch=True``: ``model.batch_data`` makes the input (BF16) and an FP32 target,
+      which ``model.training_step``'s closure holds; under sequence parallelism
+      ``tasks_speed._tp_step_time`` trains on ``x.chunk(tp, 0)[rank]``, a view of the group's
+      whole batch (``whole_batch``).
+    """
+    sp = kind == "tp" and row.get("layout") == "TP+SP"
+    return {
+        "window": "steady",
+        "comm_buffers": True,
+        "ddp_bucket_view": kind == "ddp" and row.get("mode") == "tuned",
+        "stack_batch": True,
+        "whole_batch": sp,
+    }
+
+
+def chapter08_rows(path: Path, as_run: bool = False):
     """Chapter 08's measured peaks per GPU (one GPU, DDP, FSDP2, TP, TP+SP) beside the
-    estimator's, as chapter 08 predicts them; an empty table if the file is absent."""
+    estimator's, as chapter 08 predicts them; an empty table if the file is absent.
+
+    ``as_run=True`` predicts each row with the options its worker's code implies
+    (:func:`chapter08_options`), compares every DDP variant, and adds what each row's baseline
+    held that its run freed (``baseline_held_MiB``, :func:`_ch08_baseline_held`) with the
+    error against the measured peak plus it (``error_held``)."""
     import pandas as pd
 
     path = Path(path)
@@ -222,11 +267,15 @@ def chapter08_rows(path: Path):
     )
     rows = []
     for kind in ("ddp", "fsdp", "tp"):
-        for row in (results.get(kind) or {}).get("data", {}).get("rows", []):
-            found = _ch08_layout(kind, row)
+        ran = [r for r in (results.get(kind) or {}).get("data", {}).get("rows", [])
+               if r.get("peak_mib") is not None]
+        held = _ch08_baseline_held(cfg, kind, ran) if as_run else [0.0] * len(ran)
+        for row, row_held in zip(ran, held, strict=True):
+            found = _ch08_layout(kind, row, as_run)
             if found is None:
                 continue
             name, layout, batch = found
+            options = chapter08_options(kind, row) if as_run else {}
             rows.append(
                 {
                     "layout": name,
@@ -234,17 +283,65 @@ def chapter08_rows(path: Path):
                     "batch": int(row["batch"]),
                     "precision": row["precision"],
                     "measured_MiB": row["peak_mib"],
-                    "predicted_MiB": _ch08_peak_mib(cfg, batch, row, layout),
+                    **({"baseline_held_MiB": row_held} if as_run else {}),
+                    "predicted_MiB": _ch08_peak_mib(cfg, batch, row, layout, **options),
                 }
             )
     table = pd.DataFrame(rows).drop_duplicates(["layout", "GPUs", "batch", "precision"])
-    return _with_error(table).reset_index(drop=True)
+    table = _with_error(table)
+    if as_run:
+        measured = table["measured_MiB"] + table["baseline_held_MiB"]
+        table["error_held"] = table["predicted_MiB"] / measured - 1
+    return table.reset_index(drop=True)
 
 
-def _ch08_peak_mib(cfg: TransformerConfig, batch: int, row, layout: Layout) -> float:
-    """The estimator's peak (MiB) for a measured row of chapter 08's stack (no dropout)."""
+def _ch08_baseline_held(cfg: TransformerConfig, kind: str, rows: list[dict]) -> list[float]:
+    """For each row of one task of chapter 08's file, in the order its worker ran them (the
+    order of the rows), what its baseline held that its run freed (MiB): the gradient buckets
+    of a DDP run just before it on the same process group.
+
+    ``ProcessGroupNCCL`` stashes the tensors of an asynchronous collective and lets go of them
+    at the next collective on the same group once its watchdog has seen it finish
+    (``collective()``, ``Watchdog::runLoop``, ``workEnqueue``); ``WorkNCCL::wait()`` would
+    unstash at once (``synchronizeStream``), but DDP's reducer waits on each bucket's future
+    (``finalize_backward``). So the last step's buckets outlive a DDP sub-run. Between
+    sub-runs the worker runs no collective on that group (``process.sub_run`` gathers the
+    results over a gloo group; ``process.clean`` frees caches only), and the next sub-run
+    reads its baseline (``measure.memory_base``) before it builds anything: a sub-run on the
+    same ranks then frees those buckets at its first collective (DDP's broadcast of the
+    parameters, or the first all-reduce), before its timed steps, and its peak above the
+    baseline falls short by them. A one-GPU sub-run uses a group of its own rank and frees
+    nothing. The ddp task follows the links task, whose collectives are synchronous (nothing
+    stashed). The fsdp and tp tasks are counted as holding nothing: on two GPUs they build no
+    DDP model (tp = 2 leaves dp = 1), TE waits its asynchronous collectives with
+    ``Work.wait()``, and the rounds task before them ends each round with FSDP2 steps whose
+    FP8 forwards reduce amaxes over the same group; their FSDP2 rows match to 0.1 MiB those
+    of ``tests/gpu_results/memory_layouts_h200_2gpu.csv``. A file whose tp task wraps DDP
+    (dp > 1) is beyond this count."""
+    held = [0.0] * len(rows)
+    if kind != "ddp":
+        return held
+    stashed: dict[int, float] = {}  # bucket MiB left stashed on the group of the first n ranks
+    for index, row in enumerate(rows):
+        n = int(row["n"])
+        if n == 1:
+            continue
+        held[index] = stashed.pop(n, 0.0)
+        if row.get("mode") in ("default", "tuned"):
+            sizes = step_sizes(step_spec(cfg, int(row["batch"]), int(row["seq"]), {
+                "precision": CH08_PRECISIONS[row["precision"]], "layout": Layout(dp=n),
+                "hidden_dropout": 0.0, **chapter08_options(kind, row)}))
+            stashed[n] = sizes.ddp_buckets / constants.MiB
+    return held
+
+
+def _ch08_peak_mib(
+    cfg: TransformerConfig, batch: int, row, layout: Layout, **options
+) -> float:
+    """The estimator's peak (MiB) for a measured row of chapter 08's stack (no dropout);
+    ``options`` are more options of :func:`~fp8lab.memory.estimate`."""
     return estimate(cfg, batch, int(row["seq"]), precision=CH08_PRECISIONS[row["precision"]],
-                    layout=layout, hidden_dropout=0.0).peak_mib
+                    layout=layout, hidden_dropout=0.0, **options).peak_mib
 
 
 def _with_error(table):
@@ -265,6 +362,18 @@ def _layout_of(name: str, gpus: int, batch: int) -> tuple[Layout, int]:
     if name == "TP2 x DP2 (SP)":
         return Layout(tp=2, sequence_parallel=True, dp=gpus // 2), 2 * batch
     raise ValueError(f"layout={name!r}: not one tools.layout_peaks measures")
+
+
+def layout_options(name: str) -> dict:
+    """The estimator's options for a layout as ``tools/layout_peaks_worker.py`` builds it: the
+    layouts' buffers, the batch and FP32 target each rank makes for its own share
+    (``stack_batch``), DDP's ``gradient_as_bucket_view`` where the worker sets it (its DDP
+    layout; TP2 x DP2 wraps the tensor-parallel stack in DDP with DDP's defaults), and the
+    first steps as the window (``peak_above`` resets the peak counter before the build and
+    keeps the largest of steps 1 to 3)."""
+    _layout_of(name, 4, 1)  # refuses a layout the job does not measure
+    return {"comm_buffers": True, "stack_batch": True, "ddp_bucket_view": name == "DDP",
+            "window": "first-steps"}
 
 
 def layout_rows(path: Path):
@@ -294,7 +403,9 @@ def layout_rows(path: Path):
                 "GPUs": int(row["gpus"]),
                 "precision": row["precision"],
                 "measured_MiB": row["peak_MiB"],
-                "predicted_MiB": _ch08_peak_mib(cfg, batch, row, layout),
+                "predicted_MiB": _ch08_peak_mib(
+                    cfg, batch, row, layout, **layout_options(row["layout"])
+                ),
                 **({"step1_MiB": row[steps[0]], "last_step_MiB": row[steps[-1]]}
                    if len(steps) > 1 else {}),
             }
