@@ -24,6 +24,10 @@ from pathlib import Path
 from fp8lab import distributed
 
 WORKER = Path(__file__).with_name("layout_peaks_worker.py")
+# What each layout's baseline is taken after (the stamp records it): the worker lets NCCL
+# release the previous layout's collective buffers first (layout_peaks_worker.release_stashed);
+# files without the field were measured before it did.
+BASELINE = "after NCCL released the previous layout's buffers"
 SIZES = {
     "full": {"H": 4096, "F": 16384, "A": 32, "L": 2, "S": 2048, "B": 4, "steps": 3},
     "smoke": {"H": 64, "F": 256, "A": 4, "L": 2, "S": 32, "B": 2, "steps": 2},
@@ -90,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             command=f"python -m tools.layout_peaks --gpus {args.gpus} --csv {args.csv}",
             seconds=round(time.perf_counter() - begin, 1),
             processes=args.gpus,
+            baseline=BASELINE,
         )
         stamp = args.csv.with_name(args.csv.name + ".stamp.json")
         stamp.write_text(json.dumps(record, indent=1) + "\n")
