@@ -194,6 +194,27 @@ def _reload(sizes: StepSizes, tl: Timeline, index: int) -> float:
     return moved if index <= n else 0.0
 
 
+def _fresh_gradient(module, bucketed: bool, grads_full: bool) -> float:
+    """What a module's backward holds beside its saved tensors: its temporaries and the cast
+    of its weight gradient, with the fresh gradient itself under DDP's bucket view (until the
+    reducer copies it into its bucket) or under accumulation (added into the existing one)."""
+    if bucketed:
+        return module.transient + module.grads + module.wgrad_cast
+    if grads_full:
+        return module.transient + module.grads + module.grads_after + module.wgrad_cast
+    return module.transient + module.wgrad_cast
+
+
+def _fsdp_post_backward(sizes: StepSizes, tl: Timeline, phase: str, index: int,
+                        unsharded: float, sharded: float) -> None:
+    """FSDP2's post_backward of layer ``index``: reshard, then the reduce-scatter's copy-in
+    (kept until the next layer's post_backward), and the layer's sharded gradients."""
+    tl.set(FSDP2_BUFFERS, sizes.fsdp_root + sizes.fsdp_layer * (index > 1))
+    tl.set(Part.FSDP2_REDUCE_SCATTER, unsharded)
+    tl.point(phase, f"layer {index} reduce-scatter", unsharded)
+    tl.add(Part.GRADIENTS, sharded)
+
+
 def _layer_walk(sizes: StepSizes, tl: Timeline, phase: str, grads_full: bool) -> None:
     """The backward through the layers, last first, module by module.
 
@@ -224,17 +245,12 @@ def _layer_walk(sizes: StepSizes, tl: Timeline, phase: str, grads_full: bool) ->
             tl.add(copies_part, sizes.layer_weight_copies)
         sharded = 0.0  # FSDP2 (comm_buffers): the layer's sharded gradients, after its RS
         for first, module in enumerate(sizes.modules):
-            if bucketed:  # the fresh gradient, until the reducer copies it into its bucket
-                transient = module.transient + module.grads + module.wgrad_cast
-            elif grads_full:  # accumulation: each new gradient is added into the existing one
-                transient = module.transient + module.grads + module.grads_after
-                transient += module.wgrad_cast
-            else:
+            transient = _fresh_gradient(module, bucketed, grads_full)
+            if not (bucketed or grads_full):
                 if fsdp_comm:
                     sharded += module.grads
                 else:
                     tl.add(Part.GRADIENTS, module.grads)
-                transient = module.transient + module.wgrad_cast
             unsharded += dp * module.grads
             transient += unsharded + BACKWARD_SCRATCH
             transient += sizes.sp_gathered.get(module.name, 0.0)
@@ -251,11 +267,8 @@ def _layer_walk(sizes: StepSizes, tl: Timeline, phase: str, grads_full: bool) ->
                 else:
                     tl.add(Part.GRADIENTS, module.grads_after)
             unsharded += dp * module.grads_after
-        if fsdp_comm:  # post_backward: reshard, then the reduce-scatter's copy-in
-            tl.set(FSDP2_BUFFERS, sizes.fsdp_root + sizes.fsdp_layer * (index > 1))
-            tl.set(Part.FSDP2_REDUCE_SCATTER, unsharded)
-            tl.point(phase, f"layer {index} reduce-scatter", unsharded)
-            tl.add(Part.GRADIENTS, sharded)
+        if fsdp_comm:
+            _fsdp_post_backward(sizes, tl, phase, index, unsharded, sharded)
         if full:
             tl.add(Part.ACTIVATIONS, -sizes.layer_input)
     if spec.offload_layers:  # the first layer's reloaded group, freed when the backward ends
