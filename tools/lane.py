@@ -82,20 +82,21 @@ def run(paths: list[Path]) -> int:
             failures += 1
             print(f"FAILED {path.name}: no GPU to stamp on ({error})", flush=True)
             continue
-        if machine["gpu_count"] < stamps.gpus_needed(path):
+        needed = stamps.gpus_needed(path)
+        if machine["gpu_count"] < needed:
             failures += 1
-            print(f"FAILED {path.name}: it needs {stamps.gpus_needed(path)} GPUs and this "
+            print(f"FAILED {path.name}: it needs {needed} GPUs and this "
                   f"process sees {machine['gpu_count']} (CUDA_VISIBLE_DEVICES="
                   f"{environment['CUDA_VISIBLE_DEVICES']}); not run", flush=True)
             continue
         print(f"running {path.name} on {machine['gpu_count']} x {machine['gpu_name']} "
               f"(CUDA_VISIBLE_DEVICES={environment['CUDA_VISIBLE_DEVICES']})", flush=True)
-        earlier = parts_so_far(path, environment)
+        record = parts_record(path, environment)
+        earlier = parts_so_far(record)
         begin = time.perf_counter()
         done = execute(path, environment)
         seconds = time.perf_counter() - begin
         total, parts = earlier["seconds"] + seconds, earlier["parts"] + 1
-        record = parts_record(path, environment)
         if done:
             stamps.stamp_notebook(path, total, machine, lane_parts=parts if parts > 1 else None)
             if record is not None:
@@ -119,9 +120,9 @@ def parts_record(path: Path, environment: dict[str, str]) -> Path | None:
     return Path(cache) / f"{path.stem}.lane.json" if cache else None
 
 
-def parts_so_far(path: Path, environment: dict[str, str]) -> dict:
-    """The seconds and number of the earlier, unfinished runs of this chapter in parts."""
-    record = parts_record(path, environment)
+def parts_so_far(record: Path | None) -> dict:
+    """The seconds and number of the earlier, unfinished runs of a chapter in parts, from its
+    :func:`parts_record`."""
     if record is None or not record.is_file():
         return {"seconds": 0.0, "parts": 0}
     return json.loads(record.read_text())

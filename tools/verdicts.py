@@ -123,9 +123,9 @@ def _execute(copy: Path, environment: dict[str, str]) -> tuple[bool, float]:
     return done, time.perf_counter() - begin
 
 
-def _same_cards(path: Path) -> tuple[dict, dict, dict]:
-    """The chapter's stamp, its pinned environment and the GPUs it would re-run on; a
-    ValueError when those are not the cards it was stamped on."""
+def _same_cards(path: Path) -> tuple[dict, dict, dict, dict]:
+    """The committed chapter, its stamp, its pinned environment and the GPUs it would re-run
+    on; a ValueError when those are not the cards it was stamped on."""
     from tools import stamps
 
     committed = json.loads(path.read_text())
@@ -139,13 +139,13 @@ def _same_cards(path: Path) -> tuple[dict, dict, dict]:
             f"{machine['gpu_count']} x {machine['gpu_name']}: a verdict re-run compares like "
             "with like, so run it on the stamp's cards (or re-stamp here, then re-run in a "
             "later session)")
-    return committed, environment, machine
+    return committed, record, environment, machine
 
 
-def rerun(path: Path) -> dict:
-    """Execute ``path`` into a copy beside it and compare its verdicts with the stamped ones."""
-    committed, environment, machine = _same_cards(path)
-    record = committed["metadata"].get(STAMP_KEY) or {}
+def rerun(path: Path, checked: tuple | None = None) -> dict:
+    """Execute ``path`` into a copy beside it and compare its verdicts with the stamped ones
+    (``checked``: what :func:`_same_cards` already returned for it)."""
+    committed, record, environment, machine = checked or _same_cards(path)
     copy = path.with_name(path.stem + RERUN_SUFFIX)
     copy.write_text(path.read_text())
     try:
@@ -172,11 +172,10 @@ def _now() -> str:
 
 def run(paths: list[Path], folder: Path = FOLDER) -> tuple[Path, int]:
     """Re-run every chapter in ``paths``; write the report; return it and the flips found."""
-    for path in paths:  # refuse before anything runs
-        _same_cards(path)
+    checked = {path: _same_cards(path) for path in paths}  # refuse before anything runs
     chapters = {}
     for path in paths:
-        chapters[path.name] = report = rerun(path)
+        chapters[path.name] = report = rerun(path, checked[path])
         state = "FAILED" if not report["rerun"]["executed"] else (
             f"{len(report['verdicts'])} verdicts: {report['held']} held, {report['flipped']} "
             f"flipped, {report['weakened']} weakened, {report['strengthened']} strengthened; "
