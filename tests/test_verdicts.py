@@ -1,6 +1,7 @@
 """The re-run check of the chapters' verdicts (tools/verdicts.py) and its committed reports."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -216,3 +217,23 @@ def test_each_own_floor_belongs_to_one_glued_verdict(name):
     glued_by = [path.name for path in stamps.toc_notebooks()
                 if name in verdicts.glued_records(json.loads(path.read_text()))]
     assert len(glued_by) == 1, f"{name} is glued by {glued_by or 'no chapter'}"
+
+
+def test_a_named_file_reaches_the_kernel_as_an_absolute_path(tmp_path, monkeypatch):
+    """The kernel runs in notebooks/: a relative path would name nothing there."""
+    (tmp_path / "rerun.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    named = verdicts.named_files({"FP8LAB_E2E_SPEED_FILE": "rerun.json", "FP8LAB_PRESET": "x"})
+    assert named == {"FP8LAB_E2E_SPEED_FILE": str(tmp_path / "rerun.json")}
+    with pytest.raises(ValueError, match="FP8LAB_E2E_SPEED_FILE='gone.json': no such file"):
+        verdicts.named_files({"FP8LAB_E2E_SPEED_FILE": "gone.json"})
+
+
+def test_reports_of_one_minute_keep_their_own_files(tmp_path):
+    chapters = [Path("07_memory.ipynb")], [Path("10_moe.ipynb")]
+    first = verdicts.report_path(tmp_path, "nvidia-h200", chapters[0])
+    first.write_text("{}")
+    other = verdicts.report_path(tmp_path, "nvidia-h200", chapters[1])
+    again = verdicts.report_path(tmp_path, "nvidia-h200", chapters[0])
+    assert first.name.endswith("_nvidia-h200_07.json") and other.name.endswith("_10.json")
+    assert again.name.endswith("_07-2.json")

@@ -130,7 +130,8 @@ def _same_cards(path: Path) -> tuple[dict, dict, dict, dict]:
 
     committed = json.loads(path.read_text())
     record = committed["metadata"].get(STAMP_KEY) or {}
-    environment = stamps.pinned_environment(path, dict(os.environ, FP8LAB_PRESET="full"))
+    environment = stamps.pinned_environment(
+        path, dict(os.environ, FP8LAB_PRESET="full", **named_files(os.environ)))
     machine = stamps.machine_in(environment)  # the GPUs the chapter runs on, as it sees them
     stamped_on = (record.get("gpu_name"), record.get("gpu_count"))
     if stamped_on != (machine["gpu_name"], machine["gpu_count"]):
@@ -140,6 +141,34 @@ def _same_cards(path: Path) -> tuple[dict, dict, dict, dict]:
             "with like, so run it on the stamp's cards (or re-stamp here, then re-run in a "
             "later session)")
     return committed, record, environment, machine
+
+
+def named_files(environment: dict[str, str]) -> dict[str, str]:
+    """The ``FP8LAB_*_FILE`` variables of ``environment`` as absolute paths. The chapter's
+    kernel runs in ``notebooks/``, so a path given relative to where the command runs would
+    name nothing there, and the chapter would read no measurement; a ValueError when a named
+    file does not exist."""
+    named = {}
+    for key, value in environment.items():
+        if key.startswith("FP8LAB_") and key.endswith("_FILE") and value:
+            target = Path(value).resolve()
+            if not target.is_file():
+                raise ValueError(f"{key}={value!r}: no such file (from {Path.cwd()})")
+            named[key] = str(target)
+    return named
+
+
+def report_path(folder: Path, gpu: str, paths: list[Path]) -> Path:
+    """A new report file in ``folder``: the minute, the GPU and the chapters' numbers, so that
+    re-runs of other chapters in the same minute (on other GPUs of one box) keep their own
+    reports; a second one of the same chapters in that minute gets a counter."""
+    chapters = "-".join(path.stem.split("_")[0] for path in paths)
+    stem = f"{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M}_{gpu}_{chapters}"
+    target, count = folder / f"{stem}.json", 1
+    while target.exists():
+        count += 1
+        target = folder / f"{stem}-{count}.json"
+    return target
 
 
 def rerun(path: Path, checked: tuple | None = None) -> dict:
@@ -190,7 +219,7 @@ def run(paths: list[Path], folder: Path = FOLDER) -> tuple[Path, int]:
     names = [c["rerun"]["gpu_name"] for c in chapters.values()] or ["gpu"]
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", names[0]).strip("-").lower()
     folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M}_{gpu}.json"
+    target = report_path(folder, gpu, paths)
     target.write_text(json.dumps({"chapters": chapters}, indent=1) + "\n")
     flips = sum(c["flipped"] or 0 for c in chapters.values())
     failed = sum(not c["rerun"]["executed"] for c in chapters.values())
