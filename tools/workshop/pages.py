@@ -83,8 +83,12 @@ def _block(key: str) -> list[str]:
 
 def _material(need: plan.Need) -> str:
     m = need.material
-    return (f"{m.words:,} words, {m.code_lines} visible code lines, {m.tables} tables and "
-            f"{m.figures} figures: {need.reading} min")  # fmt: skip
+    return (f"{m.words:,} words, {m.code_lines:,} visible code lines, {_count(m.tables, 'table')} "
+            f"and {_count(m.figures, 'figure')}: {need.reading} min")  # fmt: skip
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _focus(key: str) -> str:

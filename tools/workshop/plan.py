@@ -120,7 +120,8 @@ CHAPTERS: dict[str, Chapter] = {
                 "Its measured memory comes from committed GPU results, shown beside the "
                 "estimate."),
         Chapter("08",
-                "DDP's scaling efficiency over two GPUs, in BF16 and in FP8",
+                "DDP's scaling efficiency over the GPUs of your box (the book's: over the "
+                "GPUs its stamp names), in BF16 and in FP8",
                 "At the same batch, what pulls FP8's scaling efficiency below BF16's, and "
                 "what pulls it above?",
                 (("DDP efficiency over rounds (median rank), BF16", "fair_ddp_bf16", None),
