@@ -16,6 +16,7 @@ from fp8lab.config import preset_config
 from fp8lab.flops import layer_parameters
 from fp8lab.memory import Layout, Part, validation
 from fp8lab.parts import Saved
+from tools import layout_peaks
 
 RESULTS = Path(__file__).parent / "gpu_results"
 CFG = preset_config("te-tutorial").replace(num_layers=2, name="te-tutorial x 2")
@@ -191,7 +192,7 @@ LAYOUT_FILES = sorted(RESULTS.glob("memory_layouts_*.csv"))
 
 def _released(path: Path) -> bool:
     stamp = json.loads(path.with_name(path.name + ".stamp.json").read_text())
-    return "released" in stamp.get("baseline", "")
+    return stamp.get("baseline") == layout_peaks.BASELINE
 
 
 @pytest.mark.skipif(not LAYOUT_FILES, reason="no layout peaks committed")
@@ -253,8 +254,6 @@ def test_chapter_08s_ddp_holds_its_buckets_between_steps():
     between steps is one GPU's plus one set of buckets (gradient_as_bucket_view keeps them
     when the gradients are set to None), and DDP with its defaults, on a rank whose baseline
     held nothing, peaks one set of buckets above the tuned DDP run whose baseline held one."""
-    import json
-
     if not CH08.exists():
         pytest.skip("chapter 08's result file is not here")
     results = json.loads(CH08.read_text())["results"]
