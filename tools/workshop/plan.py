@@ -218,15 +218,15 @@ AGENDAS: dict[str, tuple[str, tuple[tuple[Block, ...], ...]]] = {
          _f(40, "03"), _f(25, "04"), _a(10, _CARD)),)),
     "day": ("Full day", (
         (_a(15, _WELCOME), _f(25, "00"), _f(25, "01"), _f(30, "02"), _a(10, "Break"),
-         _f(40, "03"), _f(25, "04"), _a(45, "Lunch"), _f(35, "05"), _f(60, "06"),
-         _a(15, "Break"), _f(25, "07"), _f(20, "09"), _a(20, _CARD)),)),
+         _f(40, "03"), _f(25, "04"), _a(45, "Lunch"), _f(35, "05"), _f(65, "06"),
+         _a(15, "Break"), _f(25, "07"), _f(20, "09"), _a(15, _CARD)),)),
     "course": ("Two days, with the two-GPU chapter", (
         (_a(30, _WELCOME + "; set-up problems fixed"), _c(45, "00"), _c(40, "01"),
          _a(15, "Break"), _c(55, "02"), _a(45, "Lunch"), _c(90, "03"), _a(15, "Break"),
-         _c(55, "04"), _a(10, "Break"), _c(85, "05"), _a(15, "Review of day 1")),
+         _c(55, "04"), _a(10, "Break"), _c(90, "05"), _a(10, "Review of day 1")),
         (_a(10, "Recap; the doctor on the two-GPU boxes"), _c(125, "06"), _a(10, "Break"),
-         _c(100, "07"), _a(45, "Lunch"), _c(145, "08"), _a(10, "Break"),
-         _f(20, "09"), _f(35, "10"), _a(10, _CARD + "; what to measure at home")),
+         _c(100, "07"), _a(40, "Lunch"), _c(145, "08"), _a(10, "Break"),
+         _f(20, "09"), _f(40, "10"), _a(10, _CARD + "; what to measure at home")),
     )),
 }  # fmt: skip
 
