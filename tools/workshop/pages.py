@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from fp8lab import checks, datasheet
+from fp8lab.weights import count_words
 from fp8lab.workshop import answers
 from fp8lab.workshop.outputs import ROOT
 from tools.workshop import card, chapters, freeze, plan
@@ -83,12 +84,9 @@ def _block(key: str) -> list[str]:
 
 def _material(need: plan.Need) -> str:
     m = need.material
-    return (f"{m.words:,} words, {m.code_lines:,} visible code lines, {_count(m.tables, 'table')} "
-            f"and {_count(m.figures, 'figure')}: {need.reading} min")  # fmt: skip
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    return (f"{m.words:,} words, {m.code_lines:,} visible code lines, "
+            f"{count_words(m.tables, 'table')} and {count_words(m.figures, 'figure')}: "
+            f"{need.reading} min")  # fmt: skip
 
 
 def _focus(key: str) -> str:
