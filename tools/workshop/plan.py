@@ -225,7 +225,7 @@ AGENDAS: dict[str, tuple[str, tuple[tuple[Block, ...], ...]]] = {
          _a(15, "Break"), _c(55, "02"), _a(45, "Lunch"), _c(90, "03"), _a(15, "Break"),
          _c(55, "04"), _a(10, "Break"), _c(90, "05"), _a(10, "Review of day 1")),
         (_a(10, "Recap; the doctor on the two-GPU boxes"), _c(125, "06"), _a(10, "Break"),
-         _c(100, "07"), _a(40, "Lunch"), _c(145, "08"), _a(10, "Break"),
+         _c(100, "07"), _a(40, "Lunch"), _c(150, "08"), _a(10, "Break"),
          _f(20, "09"), _f(40, "10"), _a(10, _CARD + "; what to measure at home")),
     )),
 }  # fmt: skip
