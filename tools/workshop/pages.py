@@ -247,7 +247,8 @@ def _stacks() -> str:
             f"cuDNN {record.get('cudnn', 'not recorded')}"
         )
         stacks.setdefault(stack, []).append(key)
-    return "; ".join(f"{stack} (chapters {', '.join(keys)})" for stack, keys in stacks.items())
+    return "; ".join(f"{stack} (chapter{'s' if len(keys) > 1 else ''} {', '.join(keys)})"
+                     for stack, keys in stacks.items())
 
 
 def setup_records(folder: Path = RESULTS) -> list[dict]:
